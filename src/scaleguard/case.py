@@ -1,0 +1,101 @@
+"""The frozen, picklable description of one benchmark case and its stable id."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+
+Mode = Literal["single", "dp", "ddp", "fsdp"]
+Precision = Literal["fp32", "bf16"]
+Scaling = Literal["strong", "weak"]
+Inputs = Literal["synthetic", "loader"]
+Device = Literal["cpu", "cuda"]
+Profile = Literal["smoke", "full"]
+
+MODES: tuple[Mode, ...] = ("single", "dp", "ddp", "fsdp")
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
+SCALINGS: tuple[Scaling, ...] = ("strong", "weak")
+INPUTS: tuple[Inputs, ...] = ("synthetic", "loader")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Knobs that change speed; applied inside every rank and recorded with the result."""
+
+    steps: int
+    warmup_min: int
+    warmup_max: int
+    warmup_tolerance: float  # relative change of the running median that counts as "steady"
+    threads_per_rank: int
+    cudnn_benchmark: bool = True
+    allow_tf32: bool = True
+    channels_last: bool = False
+    seed: int = 0
+    loader_workers: int = 2
+    data_root: str | None = None
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One cell of the matrix: what to train, how to parallelise it, and how to time it.
+
+    ``world_size`` is the number of devices the case uses: processes for ``ddp``/``fsdp``,
+    GPUs driven by one process for ``dp``; always 1 for ``single``.
+    """
+
+    model: str
+    mode: Mode
+    world_size: int
+    precision: Precision
+    scaling: Scaling
+    inputs: Inputs
+    device: Device
+    profile: Profile
+    global_batch: int
+    settings: RunSettings
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def case_id(self) -> str:
+        """Readable id that stays stable across releases: pytest-benchmark matches runs by it."""
+        parts = [self.model, self.mode, f"ws{self.world_size}", self.precision, self.scaling]
+        if self.inputs != "synthetic":
+            parts.append(self.inputs)
+        return "-".join(parts)
+
+    @property
+    def group_id(self) -> str:
+        """Cases that differ only in world size: the rows of one scaling table."""
+        parts = [self.model, self.mode, self.precision, self.scaling]
+        if self.inputs != "synthetic":
+            parts.append(self.inputs)
+        return "-".join(parts)
+
+    @property
+    def nprocs(self) -> int:
+        """Processes to spawn: one per rank for ddp/fsdp, one driving all devices otherwise."""
+        return self.world_size if self.mode in ("ddp", "fsdp") else 1
+
+    @property
+    def per_rank_batch(self) -> int:
+        """Samples one process feeds per step (DataParallel splits this further itself)."""
+        return self.global_batch // self.nprocs
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.mode in ("ddp", "fsdp")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"CaseSpec schema_version {version!r} is not {SCHEMA_VERSION}")
+        fields = dict(data)
+        fields["settings"] = RunSettings(**fields["settings"])
+        return cls(**fields)

@@ -1,0 +1,192 @@
+"""Parent side: spawn one process per rank, wait with a deadline, reap, read per-rank files.
+
+Rendezvous goes through a fresh ``FileStore`` file per case: no port is chosen, so two suites
+on one machine cannot race for one, and nothing listens on a network interface.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from scaleguard import worker
+from scaleguard.case import CaseSpec
+from scaleguard.records import RankFailure, RankResult
+
+GRACE_S = 3.0  # between SIGTERM and SIGKILL
+
+
+class CaseFailedError(RuntimeError):
+    """A case could not produce a result; the message names the case, the rank and why."""
+
+    def __init__(self, case_id: str, rank: int | None, reason: str, detail: str = "") -> None:
+        self.case_id = case_id
+        self.rank = rank
+        self.reason = reason
+        self.detail = detail
+        who = f"rank {rank}" if rank is not None else "all ranks"
+        text = f"{case_id}: {who}: {reason}"
+        super().__init__(f"{text}\n{detail}".rstrip())
+
+
+@dataclass(frozen=True)
+class _Exit:
+    rank: int
+    exitcode: int
+    seen_at: float
+
+
+def _signal_name(exitcode: int) -> str:
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _kill_rank(proc: BaseProcess, sig: signal.Signals) -> None:
+    """Signal the rank's process group (its loader workers too); fall back to the rank."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+        return
+    except (ProcessLookupError, PermissionError):
+        pass  # the rank had not yet made its own group
+    try:
+        os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def reap(procs: list[BaseProcess], grace_s: float = GRACE_S) -> None:
+    """SIGTERM, a grace period, SIGKILL (a stopped process ignores SIGTERM), join."""
+    for proc in procs:
+        _kill_rank(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        # SIGKILL the group even if the rank is gone: its loader workers may not be
+        _kill_rank(proc, signal.SIGKILL)
+    for proc in procs:
+        proc.join(timeout=10.0)
+
+
+def _read_failure(run_dir: Path, rank: int) -> RankFailure | None:
+    path = worker.error_path(run_dir, rank)
+    try:
+        return RankFailure.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _read_status(run_dir: Path, rank: int) -> str:
+    try:
+        return worker.status_path(run_dir, rank).read_text(encoding="utf-8").strip()
+    except OSError:
+        return "not started (no status written: still importing torch?)"
+
+
+def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFailedError:
+    """One error naming the first failing rank: earliest recorded failure, else first seen."""
+    failures = {e.rank: _read_failure(run_dir, e.rank) for e in exits}
+
+    def when(e: _Exit) -> float:
+        failure = failures[e.rank]
+        return failure.unix_time if failure is not None else e.seen_at
+
+    first = min(exits, key=when)
+    failure = failures[first.rank]
+    others = [e.rank for e in exits if e.rank != first.rank]
+    tail = f"\n(ranks {others} failed after it)" if others else ""
+    if first.exitcode < 0:
+        return CaseFailedError(
+            spec.case_id, first.rank,
+            f"killed by {_signal_name(first.exitcode)} (the OOM killer sends SIGKILL) while "
+            f"'{_read_status(run_dir, first.rank)}'", tail.strip())
+    if failure is not None:
+        return CaseFailedError(
+            spec.case_id, first.rank,
+            f"{failure.exc_type}: {failure.message} (during '{failure.phase}')",
+            failure.traceback + tail)
+    return CaseFailedError(spec.case_id, first.rank,
+                           f"exited with code {first.exitcode} without writing an error file",
+                           tail.strip())
+
+
+def run_case(spec: CaseSpec, run_dir: Path, timeout_s: float) -> list[RankResult]:
+    """Run one case to completion or failure; no process outlives this call.
+
+    Raises:
+        CaseFailedError: a rank raised, died, hung past ``timeout_s``, or left no result.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    init_method = (run_dir / "rendezvous.store").resolve().as_uri()
+    ctx = multiprocessing.get_context("spawn")
+    procs: list[BaseProcess] = []
+    try:
+        for rank in range(spec.nprocs):
+            proc = ctx.Process(target=worker.rank_main,
+                               args=(rank, spec, init_method, str(run_dir), os.getpid()),
+                               name=f"scaleguard-{spec.case_id}-rank{rank}", daemon=False)
+            proc.start()
+            procs.append(proc)
+        _wait(spec, run_dir, procs, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
+    finally:
+        # also on KeyboardInterrupt: Ctrl-C during a case leaves no rank behind
+        reap(procs)
+    return _collect(spec, run_dir)
+
+
+def _wait(spec: CaseSpec, run_dir: Path, procs: list[BaseProcess], deadline: float,
+          timeout_s: float) -> None:
+    pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            activity = "\n".join(f"  rank {rank}: {_read_status(run_dir, rank)}"
+                                 for rank in sorted(pending.values()))
+            hung = sorted(pending.values())
+            raise CaseFailedError(
+                spec.case_id, hung[0] if len(hung) == 1 else None,
+                f"no result within --perf-timeout={timeout_s:g}s; ranks {hung} still running "
+                f"and were killed. Last known activity:", activity)
+        ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, 1.0))
+        exits: list[_Exit] = []
+        for sentinel in ready:
+            assert isinstance(sentinel, int)
+            rank = pending.pop(sentinel)
+            procs[rank].join(timeout=1.0)
+            code = procs[rank].exitcode
+            if code != 0:
+                exits.append(_Exit(rank, code if code is not None else -1, time.time()))
+        if exits:
+            # peers of a dead rank fail within moments; let them write so the first is known
+            for proc in procs:
+                proc.join(timeout=0.5 if proc.is_alive() else 0)
+            exits += [_Exit(rank, p.exitcode, time.time()) for rank, p in enumerate(procs)
+                      if p.exitcode not in (None, 0) and rank not in {e.rank for e in exits}]
+            raise _explain_exit(spec, run_dir, exits)
+
+
+def _collect(spec: CaseSpec, run_dir: Path) -> list[RankResult]:
+    results = []
+    for rank in range(spec.nprocs):
+        path = worker.result_path(run_dir, rank)
+        if not path.exists():
+            raise CaseFailedError(spec.case_id, rank,
+                                  f"missing result for rank {rank}: the process exited 0 "
+                                  f"without writing {path.name} (last activity: "
+                                  f"'{_read_status(run_dir, rank)}')")
+        try:
+            results.append(RankResult.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+        except (ValueError, TypeError) as exc:
+            raise CaseFailedError(spec.case_id, rank, f"unreadable result file {path}: {exc}") from exc
+    return results

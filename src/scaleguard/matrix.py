@@ -1,0 +1,151 @@
+"""Which cases exist on this machine: models x modes x world sizes x precision x scaling x inputs.
+
+A case that cannot run here is still listed, with the reason, so pytest shows it as skipped
+before any process is spawned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
+from scaleguard.env import GpuInventory
+from scaleguard.models import DEFAULT_MODELS, get_model_def
+
+
+@dataclass(frozen=True)
+class MatrixOptions:
+    """The user's ``--perf-*`` choices; ``None`` means "the default for this machine"."""
+
+    device: str = "auto"  # auto | cpu | cuda
+    profile: str = "auto"  # auto | smoke | full
+    world_sizes: tuple[int, ...] | None = None
+    modes: tuple[str, ...] = ("single", "dp", "ddp")
+    models: tuple[str, ...] | None = None
+    precisions: tuple[str, ...] | None = None
+    scalings: tuple[str, ...] = SCALINGS
+    inputs: tuple[str, ...] = INPUTS
+    steps: int | None = None
+    warmup: int | None = None
+    threads_per_rank: int | None = None
+    data_root: str | None = None
+    loader_workers: int | None = None
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    spec: CaseSpec
+    skip_reason: str | None = None
+
+
+def parse_csv(text: str, allowed: tuple[str, ...] | None = None, what: str = "value") -> tuple[str, ...]:
+    items = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not items:
+        raise ValueError(f"empty {what} list")
+    if allowed is not None:
+        bad = [i for i in items if i not in allowed]
+        if bad:
+            raise ValueError(f"unknown {what} {bad}; choose from {', '.join(allowed)}")
+    return items
+
+
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    sizes = []
+    for item in parse_csv(text, what="world size"):
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"world sizes are positive integers, got {item!r}")
+        sizes.append(int(item))
+    return tuple(sorted(set(sizes)))
+
+
+def default_world_sizes(device: str, gpus: int) -> tuple[int, ...]:
+    """CPU: 1 and 2. CUDA: 1, 2, 4, ... up to the device count, and the count itself.
+    At least 1 and 2, so a one-GPU runner shows what it could not measure."""
+    if device == "cpu":
+        return (1, 2)
+    sizes = {1, 2, max(gpus, 1)}
+    size = 4
+    while size <= gpus:
+        sizes.add(size)
+        size *= 2
+    return tuple(sorted(sizes))
+
+
+def resolve_device(requested: str, gpus: GpuInventory) -> str:
+    if requested == "auto":
+        return "cuda" if gpus.count > 0 else "cpu"
+    if requested == "cuda" and gpus.count == 0:
+        raise ValueError("--perf-device cuda: no CUDA device is visible to this process")
+    return requested
+
+
+def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[PlannedCase]:
+    """Every case the options ask for, in run order (world size ascending within a group,
+    so world size 1 is measured before the cases whose speedup it anchors)."""
+    device = resolve_device(options.device, gpus)
+    profile = options.profile if options.profile != "auto" else ("full" if device == "cuda" else "smoke")
+    models = options.models or DEFAULT_MODELS[profile]
+    world_sizes = options.world_sizes or default_world_sizes(device, gpus.count)
+    precisions = options.precisions or (("fp32", "bf16") if device == "cuda" else ("fp32",))
+    for name, allowed in (("mode", MODES), ("precision", PRECISIONS), ("scaling", SCALINGS),
+                          ("inputs", INPUTS)):
+        chosen = {"mode": options.modes, "precision": precisions, "scaling": options.scalings,
+                  "inputs": options.inputs}[name]
+        bad = [c for c in chosen if c not in allowed]
+        if bad:
+            raise ValueError(f"unknown {name} {bad}; choose from {', '.join(allowed)}")
+    cpu_ws_max = max(world_sizes)
+    threads = options.threads_per_rank or max(1, cpu_count // cpu_ws_max)
+    steps = options.steps or (20 if device == "cpu" else 50)
+    warmup_min = options.warmup or (5 if device == "cpu" else 10)
+    settings = RunSettings(
+        steps=steps,
+        warmup_min=warmup_min,
+        warmup_max=max(warmup_min * 4, warmup_min + 10),
+        warmup_tolerance=0.03 if device == "cpu" else 0.01,
+        threads_per_rank=threads,
+        channels_last=device == "cuda",
+        loader_workers=options.loader_workers if options.loader_workers is not None
+        else (0 if device == "cpu" else 4),
+        data_root=options.data_root,
+    )
+    planned: list[PlannedCase] = []
+    for model_name in models:
+        mdef = get_model_def(model_name)
+        for mode in options.modes:
+            for precision in precisions:
+                for scaling in options.scalings:
+                    for inputs in options.inputs:
+                        if inputs == "loader" and (mdef.kind != "image" or scaling != "weak"):
+                            continue  # the input pipeline is measured per device: image, weak
+                        for ws in world_sizes:
+                            if mode == "single" and ws != 1:
+                                continue
+                            global_batch = (mdef.strong_global_batch if scaling == "strong"
+                                            else mdef.weak_per_rank_batch * ws)
+                            spec = CaseSpec(model=model_name, mode=mode,  # type: ignore[arg-type]
+                                            world_size=ws, precision=precision,  # type: ignore[arg-type]
+                                            scaling=scaling, inputs=inputs,  # type: ignore[arg-type]
+                                            device=device,  # type: ignore[arg-type]
+                                            profile=profile,  # type: ignore[arg-type]
+                                            global_batch=global_batch, settings=settings)
+                            planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
+    return planned
+
+
+def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | None:
+    """Why ``spec`` cannot run here, decided before any process is spawned."""
+    if spec.mode == "dp" and spec.device != "cuda":
+        return "DataParallel needs CUDA devices (>= 2 to parallelise); this run is on cpu"
+    if spec.device == "cuda" and spec.world_size > gpus.count:
+        # NCCL with two ranks on one GPU fails with "Duplicate GPU detected": never try
+        return f"needs {spec.world_size} CUDA devices, {gpus.count} visible"
+    if spec.device == "cpu" and spec.world_size * spec.settings.threads_per_rank > cpu_count:
+        return (f"needs {spec.world_size} ranks x {spec.settings.threads_per_rank} threads, "
+                f"{cpu_count} CPU cores: it would measure oversubscription, not scaling")
+    if spec.global_batch % spec.nprocs or (spec.mode == "dp" and spec.global_batch % spec.world_size):
+        return f"global batch {spec.global_batch} does not split evenly over {spec.world_size} devices"
+    mdef = get_model_def(spec.model)
+    if spec.inputs == "loader" and spec.settings.data_root and mdef.image_px != 32:
+        return f"--perf-data-root holds CIFAR-10 (32 px); {spec.model} takes {mdef.image_px} px"
+    return None

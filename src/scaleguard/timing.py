@@ -1,0 +1,150 @@
+"""The one measuring loop: warm up to a steady state, then time every step.
+
+Every mode (single, DataParallel, DDP, FSDP) hands ``measure`` a zero-argument ``step`` that
+runs one training step and returns the (detached) loss; modes differ in how the step was
+built, never in how it is timed.
+
+A step's time is the interval between consecutive step *boundaries*. On CUDA a boundary is an
+event recorded on the current stream, so the interval also contains any time the GPU sat idle
+waiting for the host (a slow input pipeline shows up instead of hiding between steps), and no
+host synchronisation happens inside the measured steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite: the numbers of such a run are not a result."""
+
+
+@dataclass(frozen=True)
+class WarmupPolicy:
+    """Warm up at least ``min_steps``; then until the running median stops moving; at most
+    ``max_steps``."""
+
+    min_steps: int
+    max_steps: int
+    tolerance: float = 0.02
+    window: int = 5
+
+    def is_steady(self, step_s: list[float]) -> bool:
+        """True when the median of the last window is within tolerance of the window before."""
+        if len(step_s) < max(self.min_steps, 2 * self.window):
+            return False
+        last = statistics.median(step_s[-self.window:])
+        before = statistics.median(step_s[-2 * self.window:-self.window])
+        return abs(last - before) <= self.tolerance * before
+
+
+class StepClock(Protocol):
+    def mark(self) -> None:
+        """Record a step boundary (must not synchronise the device)."""
+
+    def intervals_s(self) -> list[float]:
+        """Seconds between consecutive boundaries since the last ``reset``; may synchronise."""
+
+    def reset(self) -> None: ...
+
+
+class PerfCounterClock:
+    """Host clock: right on CPU, where every op completes before it returns."""
+
+    def __init__(self) -> None:
+        self._marks: list[float] = []
+
+    def mark(self) -> None:
+        self._marks.append(time.perf_counter())
+
+    def intervals_s(self) -> list[float]:
+        return [b - a for a, b in zip(self._marks, self._marks[1:], strict=False)]
+
+    def reset(self) -> None:
+        self._marks = []
+
+
+class CudaEventClock:
+    """CUDA events on the current stream: device time, no host sync until read."""
+
+    def __init__(self) -> None:
+        self._events: list[torch.cuda.Event] = []
+
+    def mark(self) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._events.append(event)
+
+    def intervals_s(self) -> list[float]:
+        if not self._events:
+            return []
+        self._events[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:], strict=False)]
+
+    def reset(self) -> None:
+        self._events = []
+
+
+@dataclass(frozen=True)
+class MeasuredSteps:
+    """What one rank measured: its per-step times after warmup, and how warmup went."""
+
+    step_s: tuple[float, ...]
+    warmup_step_s: tuple[float, ...]
+    steady: bool  # False: warmup hit max_steps before the median settled
+    final_loss: float
+
+
+def measure(step: Callable[[], torch.Tensor], clock: StepClock, policy: WarmupPolicy, steps: int,
+            agree_max: Callable[[float], float] = lambda x: x,
+            before_step: Callable[[str, int], None] = lambda phase, i: None) -> MeasuredSteps:
+    """Warm up, then time ``steps`` steps of ``step``.
+
+    Args:
+        step: runs one training step, returns the detached loss.
+        clock: boundary recorder matching the device.
+        policy: when warmup may stop.
+        steps: measured steps.
+        agree_max: reduces a float to its maximum over ranks (identity in one process); every
+            rank then takes the same warmup decision, so ranks never desynchronise.
+        before_step: called with ("warmup"|"measure", index) before each step; host-side only.
+    """
+    warmup_s: list[float] = []
+    steady = False
+    loss = torch.zeros(())
+    while len(warmup_s) < policy.max_steps:
+        clock.reset()
+        clock.mark()
+        before_step("warmup", len(warmup_s))
+        loss = step()
+        clock.mark()
+        # warmup may synchronise: each step is read so the steady-state decision is informed
+        warmup_s.append(agree_max(clock.intervals_s()[0]))
+        if not torch.isfinite(loss).item():
+            raise NonFiniteLossError(f"loss is {loss.item()} at warmup step {len(warmup_s) - 1}")
+        if policy.is_steady(warmup_s):
+            steady = True
+            break
+
+    agree_max(0.0)  # a barrier: all ranks enter the measured steps together
+    nonfinite = torch.zeros((), dtype=torch.bool, device=loss.device)
+    clock.reset()
+    clock.mark()
+    for index in range(steps):
+        before_step("measure", index)
+        loss = step()
+        # stays on the device: checking it here would add a host sync to every step
+        nonfinite |= ~torch.isfinite(loss)
+        clock.mark()
+    step_s = clock.intervals_s()
+    if bool(nonfinite.item()):
+        raise NonFiniteLossError(f"loss became non-finite during the {steps} measured steps "
+                                 f"(last loss {loss.item()})")
+    return MeasuredSteps(step_s=tuple(step_s), warmup_step_s=tuple(warmup_s), steady=steady,
+                         final_loss=float(loss.item()))

@@ -1,0 +1,286 @@
+"""Rank side: process group, device, speed settings, model wrapping, then the one timing loop.
+
+``rank_main`` is a top-level function so the spawn start method can pickle it. It reports only
+through files in ``run_dir`` (result, error, status), never through a pipe or queue, and it
+always destroys its process group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaleguard import timing
+from scaleguard.case import CaseSpec
+from scaleguard.faults import FaultSpec
+from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, synthetic_batches
+from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
+
+_PR_SET_PDEATHSIG = 1
+
+
+def result_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank{rank}.result.json"
+
+
+def error_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank{rank}.error.json"
+
+
+def status_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank{rank}.status"
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this rank when its parent dies: no orphans, even after
+    ``kill -9`` of pytest. Linux only; elsewhere the parent's reaping is all there is."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
+class _Status:
+    """Last known activity of this rank, for the parent's timeout message."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.path = status_path(run_dir, rank)
+        self.phase = "start"
+
+    def set(self, phase: str) -> None:
+        self.phase = phase
+        atomic_write_text(self.path, f"{phase} (at {time.strftime('%H:%M:%S')})\n")
+
+
+def _apply_settings(spec: CaseSpec) -> dict[str, Any]:
+    """Speed knobs, set inside the rank (a spawned child inherits none of the parent's)."""
+    s = spec.settings
+    torch.set_num_threads(s.threads_per_rank)
+    try:
+        torch.set_num_interop_threads(max(1, min(4, s.threads_per_rank)))
+    except RuntimeError:
+        pass  # already fixed once parallel work ran; recorded below as it really is
+    torch.backends.cudnn.benchmark = s.cudnn_benchmark
+    torch.backends.cuda.matmul.allow_tf32 = s.allow_tf32
+    torch.backends.cudnn.allow_tf32 = s.allow_tf32
+    torch.manual_seed(s.seed)
+    return {
+        "threads_per_rank": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "channels_last": s.channels_last,
+        "seed": s.seed,
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def _device_for(spec: CaseSpec, local_rank: int) -> torch.device:
+    if spec.device == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.device_count() < (spec.world_size if spec.mode == "dp" else local_rank + 1):
+        raise RuntimeError(f"{spec.case_id}: rank needs cuda:{local_rank}, but only "
+                           f"{torch.cuda.device_count()} CUDA devices are visible")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device,
+          fault: FaultSpec | None) -> nn.Module:
+    """The only place modes differ: how the model is parallelised."""
+    if spec.mode == "single":
+        return model
+    if spec.mode == "dp":
+        return nn.DataParallel(model, device_ids=list(range(spec.world_size)))
+    if spec.mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if fault is not None and fault.kind == "commdelay" and dist.get_world_size() > 1:
+            ddp.register_comm_hook(fault.ms / 1e3, _delayed_allreduce_hook)
+        return ddp
+    if spec.mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        blocks = [m for m in model.modules()
+                  if type(m).__name__ in ("BasicBlock", "Bottleneck", "TransformerEncoderLayer")]
+        for block in blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    raise ValueError(f"unknown mode {spec.mode!r}")
+
+
+def _delayed_allreduce_hook(delay_s: float, state_bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook that sleeps before each bucket's all-reduce (fault ``commdelay``)."""
+    time.sleep(delay_s)
+    bucket = state_bucket
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) -> Iterator[Batch]:
+    seed = spec.settings.seed + rank  # each rank its own data, like a real sampler gives
+    if spec.inputs == "loader":
+        world = spec.world_size if spec.is_distributed else 1
+        return loader_batches(mdef, spec.per_rank_batch, device, rank, world, seed,
+                              spec.settings.loader_workers, spec.settings.data_root)
+    return synthetic_batches(mdef, spec.per_rank_batch, device, seed)
+
+
+def build_train_step(spec: CaseSpec, device: torch.device, rank: int,
+                     fault: FaultSpec | None = None) -> Callable[[], torch.Tensor]:
+    """A zero-argument closure running one full training step; returns the detached loss."""
+    mdef = get_model_def(spec.model)
+    torch.manual_seed(spec.settings.seed)  # identical initial weights on every rank
+    model = mdef.build().to(device)
+    channels_last = spec.settings.channels_last and mdef.kind == "image"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    model = _wrap(model, spec, device, fault)
+    optimizer: torch.optim.Optimizer
+    if mdef.kind == "image":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = _batches(mdef, spec, device, rank)
+    dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
+    poison = fault is not None and fault.kind == "nan"
+    calls = {"n": 0}
+
+    def step() -> torch.Tensor:
+        inputs, targets = next(batches)
+        if channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
+            loss = loss_fn(model(inputs), targets)
+        if poison and fault is not None and fault.rank in (None, rank) and calls["n"] >= fault.step:
+            loss = loss * float("nan")
+        calls["n"] += 1
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def _runtime() -> dict[str, str | None]:
+    nccl: str | None = None
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl,
+    }
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    # ru_maxrss is KiB on Linux: the process's peak resident set, model and batches included
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host_max_rss"
+
+
+def rank_main(rank: int, spec: CaseSpec, init_method: str, run_dir_name: str, parent_pid: int,
+              local_rank: int | None = None) -> None:
+    """Entry point of one rank. Writes exactly one of result/error file, then exits."""
+    run_dir = Path(run_dir_name)
+    local_rank = rank if local_rank is None else local_rank
+    if parent_pid > 0:
+        _die_with_parent(parent_pid)
+        os.setpgid(0, 0)  # own group: the parent can kill this rank with its loader workers
+    status = _Status(run_dir, rank)
+    try:
+        status.set("configure")
+        fault = FaultSpec.from_env()
+        settings = _apply_settings(spec)
+        device = _device_for(spec, local_rank)
+        if spec.is_distributed:
+            status.set("init_process_group")
+            backend = "nccl" if spec.device == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                    world_size=spec.world_size,
+                                    timeout=datetime.timedelta(seconds=120),
+                                    **({"device_id": device} if device.type == "cuda" else {}))
+        status.set("build model and batches")
+        if fault is not None and fault.applies(rank, "setup", 0):
+            fault.fire(device)
+        step = build_train_step(spec, device, rank, fault)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+        def before_step(phase: str, index: int) -> None:
+            if phase == "warmup":
+                status.set(f"warmup step {index}")
+            elif index == 0:
+                status.set(f"measuring {spec.settings.steps} steps (no per-step status, "
+                           "to keep the timed loop clean)")
+            if fault is not None and fault.applies(rank, phase, index):
+                fault.fire(device)
+
+        policy = timing.WarmupPolicy(spec.settings.warmup_min, spec.settings.warmup_max,
+                                     spec.settings.warmup_tolerance)
+        clock: timing.StepClock = (timing.CudaEventClock() if device.type == "cuda"
+                                   else timing.PerfCounterClock())
+        measured = timing.measure(step, clock, policy, spec.settings.steps,
+                                  agree_max=_agree_max(spec, device), before_step=before_step)
+        status.set("writing result")
+        peak, mem_kind = _peak_memory(device)
+        result = RankResult(
+            case_id=spec.case_id, rank=rank, step_s=measured.step_s,
+            warmup_step_s=measured.warmup_step_s, steady=measured.steady,
+            final_loss=measured.final_loss, peak_mem_bytes=peak, mem_kind=mem_kind,
+            device_name=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                         else "cpu"),
+            runtime=_runtime(), settings=settings)
+        atomic_write_json(result_path(run_dir, rank), result.to_dict())
+        status.set("done")
+    except BaseException as exc:
+        failure = RankFailure(case_id=spec.case_id, rank=rank, phase=status.phase,
+                              exc_type=type(exc).__name__, message=str(exc),
+                              traceback=traceback.format_exc(), unix_time=time.time())
+        atomic_write_json(error_path(run_dir, rank), failure.to_dict())
+        sys.stderr.write(f"[scaleguard rank {rank}] {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+        # exit at once: unwinding a process group whose peers are gone can block in teardown
+        os._exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _agree_max(spec: CaseSpec, device: torch.device) -> Callable[[float], float]:
+    """Max over ranks of a float (identity without a process group)."""
+    if not spec.is_distributed:
+        return lambda x: x
+
+    def agree(value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    return agree
+
