@@ -62,8 +62,9 @@ def record(benchmark: Any, result: CaseResult) -> None:
     benchmark.extra_info.update(extra_info(result))
 
 
-def update_machine_info(machine_info: dict[str, Any], host: HostFingerprint,
-                        device: str, profile: str, threads_per_rank: int) -> None:
+def update_machine_info(
+    machine_info: dict[str, Any], host: HostFingerprint, device: str, profile: str, threads_per_rank: int
+) -> None:
     """Add what decides comparability: torch/CUDA/cuDNN/NCCL, GPUs, CPU, threads per rank."""
     machine_info["scaleguard"] = {
         **host.to_dict(),
@@ -71,13 +72,15 @@ def update_machine_info(machine_info: dict[str, Any], host: HostFingerprint,
         "profile": profile,
         "threads_per_rank": threads_per_rank,
     }
-    machine_info.update({
-        "torch_version": host.torch,
-        "cuda_version": host.cuda,
-        "cudnn_version": host.cudnn,
-        "nccl_version": host.nccl,
-        "gpu_name": host.gpu_name,
-        "gpu_count": host.gpu_count,
-        "cpu_model": host.cpu_model,
-        "threads_per_rank": threads_per_rank,
-    })
+    machine_info.update(
+        {
+            "torch_version": host.torch,
+            "cuda_version": host.cuda,
+            "cudnn_version": host.cudnn,
+            "nccl_version": host.nccl,
+            "gpu_name": host.gpu_name,
+            "gpu_count": host.gpu_count,
+            "cpu_model": host.cpu_model,
+            "threads_per_rank": threads_per_rank,
+        }
+    )

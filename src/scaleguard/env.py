@@ -35,8 +35,13 @@ def _nvidia_smi_names() -> tuple[str, ...] | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return None
     names = tuple(line.strip() for line in out.splitlines() if line.strip())

@@ -45,11 +45,13 @@ class FaultSpec:
         unknown = set(values) - {"rank", "phase", "step", "ms"}
         if unknown:
             raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
-        return cls(kind=kind,
-                   rank=int(values["rank"]) if "rank" in values else None,
-                   phase=values.get("phase", "measure"),
-                   step=int(values.get("step", 0)),
-                   ms=float(values.get("ms", 0.0)))
+        return cls(
+            kind=kind,
+            rank=int(values["rank"]) if "rank" in values else None,
+            phase=values.get("phase", "measure"),
+            step=int(values.get("step", 0)),
+            ms=float(values.get("ms", 0.0)),
+        )
 
     @classmethod
     def from_env(cls) -> FaultSpec | None:
@@ -74,5 +76,4 @@ class FaultSpec:
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(device)
                 torch.empty(free * 2, dtype=torch.uint8, device=device)  # a real CUDA OOM
-            raise torch.OutOfMemoryError("injected: CPU out of memory (simulated, "
-                                         f"{FAULT_ENV}={self})")
+            raise torch.OutOfMemoryError(f"injected: CPU out of memory (simulated, {FAULT_ENV}={self})")

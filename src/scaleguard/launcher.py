@@ -108,17 +108,25 @@ def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFail
     tail = f"\n(ranks {others} failed after it)" if others else ""
     if first.exitcode < 0:
         return CaseFailedError(
-            spec.case_id, first.rank,
+            spec.case_id,
+            first.rank,
             f"killed by {_signal_name(first.exitcode)} (the OOM killer sends SIGKILL) while "
-            f"'{_read_status(run_dir, first.rank)}'", tail.strip())
+            f"'{_read_status(run_dir, first.rank)}'",
+            tail.strip(),
+        )
     if failure is not None:
         return CaseFailedError(
-            spec.case_id, first.rank,
+            spec.case_id,
+            first.rank,
             f"{failure.exc_type}: {failure.message} (during '{failure.phase}')",
-            failure.traceback + tail)
-    return CaseFailedError(spec.case_id, first.rank,
-                           f"exited with code {first.exitcode} without writing an error file",
-                           tail.strip())
+            failure.traceback + tail,
+        )
+    return CaseFailedError(
+        spec.case_id,
+        first.rank,
+        f"exited with code {first.exitcode} without writing an error file",
+        tail.strip(),
+    )
 
 
 def run_case(spec: CaseSpec, run_dir: Path, timeout_s: float) -> list[RankResult]:
@@ -133,9 +141,12 @@ def run_case(spec: CaseSpec, run_dir: Path, timeout_s: float) -> list[RankResult
     procs: list[BaseProcess] = []
     try:
         for rank in range(spec.nprocs):
-            proc = ctx.Process(target=worker.rank_main,
-                               args=(rank, spec, init_method, str(run_dir), os.getpid()),
-                               name=f"scaleguard-{spec.case_id}-rank{rank}", daemon=False)
+            proc = ctx.Process(
+                target=worker.rank_main,
+                args=(rank, spec, init_method, str(run_dir), os.getpid()),
+                name=f"scaleguard-{spec.case_id}-rank{rank}",
+                daemon=False,
+            )
             proc.start()
             procs.append(proc)
         _wait(spec, run_dir, procs, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
@@ -145,19 +156,22 @@ def run_case(spec: CaseSpec, run_dir: Path, timeout_s: float) -> list[RankResult
     return _collect(spec, run_dir)
 
 
-def _wait(spec: CaseSpec, run_dir: Path, procs: list[BaseProcess], deadline: float,
-          timeout_s: float) -> None:
+def _wait(spec: CaseSpec, run_dir: Path, procs: list[BaseProcess], deadline: float, timeout_s: float) -> None:
     pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            activity = "\n".join(f"  rank {rank}: {_read_status(run_dir, rank)}"
-                                 for rank in sorted(pending.values()))
+            activity = "\n".join(
+                f"  rank {rank}: {_read_status(run_dir, rank)}" for rank in sorted(pending.values())
+            )
             hung = sorted(pending.values())
             raise CaseFailedError(
-                spec.case_id, hung[0] if len(hung) == 1 else None,
+                spec.case_id,
+                hung[0] if len(hung) == 1 else None,
                 f"no result within --perf-timeout={timeout_s:g}s; ranks {hung} still running "
-                f"and were killed. Last known activity:", activity)
+                f"and were killed. Last known activity:",
+                activity,
+            )
         ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, 1.0))
         exits: list[_Exit] = []
         for sentinel in ready:
@@ -171,8 +185,11 @@ def _wait(spec: CaseSpec, run_dir: Path, procs: list[BaseProcess], deadline: flo
             # peers of a dead rank fail within moments; let them write so the first is known
             for proc in procs:
                 proc.join(timeout=0.5 if proc.is_alive() else 0)
-            exits += [_Exit(rank, p.exitcode, time.time()) for rank, p in enumerate(procs)
-                      if p.exitcode not in (None, 0) and rank not in {e.rank for e in exits}]
+            exits += [
+                _Exit(rank, p.exitcode, time.time())
+                for rank, p in enumerate(procs)
+                if p.exitcode not in (None, 0) and rank not in {e.rank for e in exits}
+            ]
             raise _explain_exit(spec, run_dir, exits)
 
 
@@ -181,10 +198,13 @@ def _collect(spec: CaseSpec, run_dir: Path) -> list[RankResult]:
     for rank in range(spec.nprocs):
         path = worker.result_path(run_dir, rank)
         if not path.exists():
-            raise CaseFailedError(spec.case_id, rank,
-                                  f"missing result for rank {rank}: the process exited 0 "
-                                  f"without writing {path.name} (last activity: "
-                                  f"'{_read_status(run_dir, rank)}')")
+            raise CaseFailedError(
+                spec.case_id,
+                rank,
+                f"missing result for rank {rank}: the process exited 0 "
+                f"without writing {path.name} (last activity: "
+                f"'{_read_status(run_dir, rank)}')",
+            )
         try:
             results.append(RankResult.from_dict(json.loads(path.read_text(encoding="utf-8"))))
         except (ValueError, TypeError) as exc:

@@ -87,10 +87,18 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     models = options.models or DEFAULT_MODELS[profile]
     world_sizes = options.world_sizes or default_world_sizes(device, gpus.count)
     precisions = options.precisions or (("fp32", "bf16") if device == "cuda" else ("fp32",))
-    for name, allowed in (("mode", MODES), ("precision", PRECISIONS), ("scaling", SCALINGS),
-                          ("inputs", INPUTS)):
-        chosen = {"mode": options.modes, "precision": precisions, "scaling": options.scalings,
-                  "inputs": options.inputs}[name]
+    for name, allowed in (
+        ("mode", MODES),
+        ("precision", PRECISIONS),
+        ("scaling", SCALINGS),
+        ("inputs", INPUTS),
+    ):
+        chosen = {
+            "mode": options.modes,
+            "precision": precisions,
+            "scaling": options.scalings,
+            "inputs": options.inputs,
+        }[name]
         bad = [c for c in chosen if c not in allowed]
         if bad:
             raise ValueError(f"unknown {name} {bad}; choose from {', '.join(allowed)}")
@@ -105,7 +113,8 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         warmup_tolerance=0.03 if device == "cpu" else 0.01,
         threads_per_rank=threads,
         channels_last=device == "cuda",
-        loader_workers=options.loader_workers if options.loader_workers is not None
+        loader_workers=options.loader_workers
+        if options.loader_workers is not None
         else (0 if device == "cpu" else 4),
         data_root=options.data_root,
     )
@@ -121,14 +130,23 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
                         for ws in world_sizes:
                             if mode == "single" and ws != 1:
                                 continue
-                            global_batch = (mdef.strong_global_batch if scaling == "strong"
-                                            else mdef.weak_per_rank_batch * ws)
-                            spec = CaseSpec(model=model_name, mode=mode,  # type: ignore[arg-type]
-                                            world_size=ws, precision=precision,  # type: ignore[arg-type]
-                                            scaling=scaling, inputs=inputs,  # type: ignore[arg-type]
-                                            device=device,  # type: ignore[arg-type]
-                                            profile=profile,  # type: ignore[arg-type]
-                                            global_batch=global_batch, settings=settings)
+                            global_batch = (
+                                mdef.strong_global_batch
+                                if scaling == "strong"
+                                else mdef.weak_per_rank_batch * ws
+                            )
+                            spec = CaseSpec(
+                                model=model_name,
+                                mode=mode,  # type: ignore[arg-type]
+                                world_size=ws,
+                                precision=precision,  # type: ignore[arg-type]
+                                scaling=scaling,
+                                inputs=inputs,  # type: ignore[arg-type]
+                                device=device,  # type: ignore[arg-type]
+                                profile=profile,  # type: ignore[arg-type]
+                                global_batch=global_batch,
+                                settings=settings,
+                            )
                             planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
     return planned
 
@@ -141,8 +159,10 @@ def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | No
         # NCCL with two ranks on one GPU fails with "Duplicate GPU detected": never try
         return f"needs {spec.world_size} CUDA devices, {gpus.count} visible"
     if spec.device == "cpu" and spec.world_size * spec.settings.threads_per_rank > cpu_count:
-        return (f"needs {spec.world_size} ranks x {spec.settings.threads_per_rank} threads, "
-                f"{cpu_count} CPU cores: it would measure oversubscription, not scaling")
+        return (
+            f"needs {spec.world_size} ranks x {spec.settings.threads_per_rank} threads, "
+            f"{cpu_count} CPU cores: it would measure oversubscription, not scaling"
+        )
     if spec.global_batch % spec.nprocs or (spec.mode == "dp" and spec.global_batch % spec.world_size):
         return f"global batch {spec.global_batch} does not split evenly over {spec.world_size} devices"
     mdef = get_model_def(spec.model)

@@ -32,13 +32,15 @@ class ModelDef:
 class TextClassifier(nn.Module):
     """Transformer encoder over token ids, mean-pooled, then a linear head."""
 
-    def __init__(self, vocab: int, seq_len: int, d_model: int, heads: int, layers: int,
-                 num_classes: int) -> None:
+    def __init__(
+        self, vocab: int, seq_len: int, d_model: int, heads: int, layers: int, num_classes: int
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(1, seq_len, d_model) * 0.02)
-        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model,
-                                           dropout=0.1, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, heads, dim_feedforward=4 * d_model, dropout=0.1, batch_first=True, norm_first=True
+        )
         # enable_nested_tensor only matters with padding masks, which synthetic batches lack
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
@@ -66,16 +68,58 @@ def _text(vocab: int, seq_len: int, d_model: int, heads: int, layers: int) -> Ca
 MODELS: dict[str, ModelDef] = {
     m.name: m
     for m in (
-        ModelDef("resnet50", "full", "image", _resnet(50, 1000), num_classes=1000, image_px=224,
-                 strong_global_batch=256, weak_per_rank_batch=64),
-        ModelDef("resnet50_cifar", "full", "image", _resnet(50, 10), num_classes=10, image_px=32,
-                 strong_global_batch=512, weak_per_rank_batch=128),
-        ModelDef("transformer", "full", "tokens", _text(30522, 256, 512, 8, 6), num_classes=2,
-                 seq_len=256, vocab=30522, strong_global_batch=128, weak_per_rank_batch=32),
-        ModelDef("resnet18_cifar", "smoke", "image", _resnet(18, 10), num_classes=10, image_px=32,
-                 strong_global_batch=32, weak_per_rank_batch=16),
-        ModelDef("transformer_tiny", "smoke", "tokens", _text(1000, 64, 64, 4, 2), num_classes=2,
-                 seq_len=64, vocab=1000, strong_global_batch=32, weak_per_rank_batch=16),
+        ModelDef(
+            "resnet50",
+            "full",
+            "image",
+            _resnet(50, 1000),
+            num_classes=1000,
+            image_px=224,
+            strong_global_batch=256,
+            weak_per_rank_batch=64,
+        ),
+        ModelDef(
+            "resnet50_cifar",
+            "full",
+            "image",
+            _resnet(50, 10),
+            num_classes=10,
+            image_px=32,
+            strong_global_batch=512,
+            weak_per_rank_batch=128,
+        ),
+        ModelDef(
+            "transformer",
+            "full",
+            "tokens",
+            _text(30522, 256, 512, 8, 6),
+            num_classes=2,
+            seq_len=256,
+            vocab=30522,
+            strong_global_batch=128,
+            weak_per_rank_batch=32,
+        ),
+        ModelDef(
+            "resnet18_cifar",
+            "smoke",
+            "image",
+            _resnet(18, 10),
+            num_classes=10,
+            image_px=32,
+            strong_global_batch=32,
+            weak_per_rank_batch=16,
+        ),
+        ModelDef(
+            "transformer_tiny",
+            "smoke",
+            "tokens",
+            _text(1000, 64, 64, 4, 2),
+            num_classes=2,
+            seq_len=64,
+            vocab=1000,
+            strong_global_batch=32,
+            weak_per_rank_batch=16,
+        ),
     )
 }
 
@@ -92,8 +136,7 @@ def get_model_def(name: str) -> ModelDef:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
 
 
-def synthetic_batch(model: ModelDef, batch: int, device: torch.device,
-                    generator: torch.Generator) -> Batch:
+def synthetic_batch(model: ModelDef, batch: int, device: torch.device, generator: torch.Generator) -> Batch:
     """One random batch made on the host from a seeded generator, then moved to ``device``."""
     if model.kind == "image":
         inputs = torch.randn(batch, 3, model.image_px, model.image_px, generator=generator)
@@ -103,16 +146,25 @@ def synthetic_batch(model: ModelDef, batch: int, device: torch.device,
     return inputs.to(device), targets.to(device)
 
 
-def synthetic_batches(model: ModelDef, batch: int, device: torch.device, seed: int,
-                      distinct: int = 4) -> Iterator[Batch]:
+def synthetic_batches(
+    model: ModelDef, batch: int, device: torch.device, seed: int, distinct: int = 4
+) -> Iterator[Batch]:
     """Cycle over a few distinct resident batches: random data, never zeros, no copies per step."""
     generator = torch.Generator().manual_seed(seed)
     pool = [synthetic_batch(model, batch, device, generator) for _ in range(distinct)]
     return itertools.cycle(pool)
 
 
-def loader_batches(model: ModelDef, batch: int, device: torch.device, rank: int, world: int,
-                   seed: int, workers: int, data_root: str | None) -> Iterator[Batch]:
+def loader_batches(
+    model: ModelDef,
+    batch: int,
+    device: torch.device,
+    rank: int,
+    world: int,
+    seed: int,
+    workers: int,
+    data_root: str | None,
+) -> Iterator[Batch]:
     """Batches through the real input pipeline: dataset -> DistributedSampler -> DataLoader.
 
     Uses a local CIFAR-10 under ``data_root`` when given (never downloads), else FakeData
@@ -127,20 +179,31 @@ def loader_batches(model: ModelDef, batch: int, device: torch.device, rank: int,
     dataset: torch.utils.data.Dataset[tuple[torch.Tensor, int]]
     if data_root is not None:
         if model.image_px != 32:
-            raise ValueError(f"--perf-data-root holds CIFAR-10 (32 px); {model.name} takes "
-                             f"{model.image_px} px")
-        dataset = torchvision.datasets.CIFAR10(data_root, train=True, download=False,
-                                               transform=to_tensor)
+            raise ValueError(
+                f"--perf-data-root holds CIFAR-10 (32 px); {model.name} takes {model.image_px} px"
+            )
+        dataset = torchvision.datasets.CIFAR10(data_root, train=True, download=False, transform=to_tensor)
     else:
         size = max(batch * world * 8, 512)
         dataset = torchvision.datasets.FakeData(
-            size=size, image_size=(3, model.image_px, model.image_px),
-            num_classes=model.num_classes, transform=to_tensor, random_offset=seed)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed,
-                                 drop_last=True)
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
-                        pin_memory=device.type == "cuda", drop_last=True,
-                        persistent_workers=workers > 0)
+            size=size,
+            image_size=(3, model.image_px, model.image_px),
+            num_classes=model.num_classes,
+            transform=to_tensor,
+            random_offset=seed,
+        )
+    sampler = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+        persistent_workers=workers > 0,
+    )
 
     def forever() -> Iterator[Batch]:
         for epoch in itertools.count():

@@ -14,18 +14,30 @@ from scaleguard.case import CaseSpec
 
 # name, help, choices (None: free text)
 _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
-    ("device", "where cases run: auto (cuda if visible, else cpu), cpu (gloo) or cuda (nccl)",
-     ("auto", "cpu", "cuda")),
-    ("profile", "model sizes: smoke (CPU-sized) or full; auto picks full on cuda, smoke on cpu",
-     ("auto", "smoke", "full")),
-    ("world-sizes", "comma list of world sizes (default cpu: 1,2; cuda: 1,2,4,... up to the GPU "
-     "count)", None),
+    (
+        "device",
+        "where cases run: auto (cuda if visible, else cpu), cpu (gloo) or cuda (nccl)",
+        ("auto", "cpu", "cuda"),
+    ),
+    (
+        "profile",
+        "model sizes: smoke (CPU-sized) or full; auto picks full on cuda, smoke on cpu",
+        ("auto", "smoke", "full"),
+    ),
+    (
+        "world-sizes",
+        "comma list of world sizes (default cpu: 1,2; cuda: 1,2,4,... up to the GPU count)",
+        None,
+    ),
     ("modes", "comma list of single,dp,ddp,fsdp (default single,dp,ddp)", None),
     ("models", "comma list of models (default: the profile's)", None),
     ("precisions", "comma list of fp32,bf16 (default cuda: fp32,bf16; cpu: fp32)", None),
     ("scaling", "comma list of strong,weak (default both)", None),
-    ("inputs", "comma list of synthetic,loader (default both; loader only for image models, "
-     "weak scaling)", None),
+    (
+        "inputs",
+        "comma list of synthetic,loader (default both; loader only for image models, weak scaling)",
+        None,
+    ),
     ("steps", "measured steps per case after warmup", None),
     ("warmup", "minimum warmup steps (then until the running median settles, capped)", None),
     ("timeout", "deadline in seconds for one case, all ranks (default 300 cpu, 900 cuda)", None),
@@ -135,8 +147,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = metafunc.config.stash[STATE]
     serial_reason = None
     if hasattr(metafunc.config, "workerinput"):
-        serial_reason = ("perf cases run serially: under pytest-xdist cases would share devices "
-                         "and pytest-benchmark switches itself off")
+        serial_reason = (
+            "perf cases run serially: under pytest-xdist cases would share devices "
+            "and pytest-benchmark switches itself off"
+        )
     params = []
     for planned in state.planned():
         reason = serial_reason or planned.skip_reason
@@ -179,8 +193,9 @@ class _BenchmarkHooks:
     def __init__(self, state: PerfState) -> None:
         self.state = state
 
-    def pytest_benchmark_update_machine_info(self, config: pytest.Config,
-                                             machine_info: dict[str, Any]) -> None:
+    def pytest_benchmark_update_machine_info(
+        self, config: pytest.Config, machine_info: dict[str, Any]
+    ) -> None:
         from scaleguard import benchmark_io
         from scaleguard.env import host_fingerprint
 
@@ -188,13 +203,15 @@ class _BenchmarkHooks:
         if not planned:
             return
         spec = planned[0].spec
-        benchmark_io.update_machine_info(machine_info, host_fingerprint(), spec.device,
-                                         spec.profile, spec.settings.threads_per_rank)
+        benchmark_io.update_machine_info(
+            machine_info, host_fingerprint(), spec.device, spec.profile, spec.settings.threads_per_rank
+        )
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
-                            config: pytest.Config) -> Generator[None, None, None]:
+def pytest_terminal_summary(
+    terminalreporter: Any, exitstatus: int, config: pytest.Config
+) -> Generator[None, None, None]:
     result = yield
     state = config.stash.get(STATE, None)
     runner = state.runner if state else None
@@ -208,4 +225,3 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     for case_id, reason in runner.failures.items():
         terminalreporter.write_line(f"FAILED {case_id}: {reason}")
     return result
-

@@ -131,8 +131,9 @@ class CaseResult:
         summary = StepSummary.of(step_s)
         notes = []
         if not all(r.steady for r in ranks):
-            notes.append(f"warmup reached its cap of {spec.settings.warmup_max} steps before "
-                         "the step time settled")
+            notes.append(
+                f"warmup reached its cap of {spec.settings.warmup_max} steps before the step time settled"
+            )
         return cls(
             spec=spec,
             step_s=step_s,

@@ -31,19 +31,32 @@ def scaling_tables(results: Iterable[CaseResult]) -> list[Table]:
     for group_id, members in sorted(groups.items()):
         members.sort(key=lambda r: r.spec.world_size)
         first = members[0].spec
-        table = Table(title=f"{group_id}  ({first.device}, profile {first.profile}, "
-                            f"{members[0].device_name})", title_justify="left")
-        for column in ("ws", "global batch", "step ms (median ± IQR)", "samples/s", "speedup",
-                       "efficiency", "peak mem/rank"):
+        table = Table(
+            title=f"{group_id}  ({first.device}, profile {first.profile}, {members[0].device_name})",
+            title_justify="left",
+        )
+        for column in (
+            "ws",
+            "global batch",
+            "step ms (median ± IQR)",
+            "samples/s",
+            "speedup",
+            "efficiency",
+            "peak mem/rank",
+        ):
             table.add_column(column, justify="right")
         notes = []
         for r in members:
             s = r.summary
-            table.add_row(str(r.spec.world_size), str(r.spec.global_batch),
-                          f"{fmt_ms(s.median_s)} ± {fmt_ms(s.iqr_s)}"
-                          + (" (noisy)" if s.is_noisy else ""),
-                          f"{r.samples_per_s:,.1f}", fmt_ratio(r.speedup),
-                          fmt_ratio(r.scaling_efficiency), fmt_bytes(max(r.peak_mem_bytes)))
+            table.add_row(
+                str(r.spec.world_size),
+                str(r.spec.global_batch),
+                f"{fmt_ms(s.median_s)} ± {fmt_ms(s.iqr_s)}" + (" (noisy)" if s.is_noisy else ""),
+                f"{r.samples_per_s:,.1f}",
+                fmt_ratio(r.speedup),
+                fmt_ratio(r.scaling_efficiency),
+                fmt_bytes(max(r.peak_mem_bytes)),
+            )
             notes += [f"ws{r.spec.world_size}: {note}" for note in r.notes]
         if notes:
             table.caption = "\n".join(notes)

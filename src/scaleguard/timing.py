@@ -39,8 +39,8 @@ class WarmupPolicy:
         """True when the median of the last window is within tolerance of the window before."""
         if len(step_s) < max(self.min_steps, 2 * self.window):
             return False
-        last = statistics.median(step_s[-self.window:])
-        before = statistics.median(step_s[-2 * self.window:-self.window])
+        last = statistics.median(step_s[-self.window :])
+        before = statistics.median(step_s[-2 * self.window : -self.window])
         return abs(last - before) <= self.tolerance * before
 
 
@@ -101,9 +101,14 @@ class MeasuredSteps:
     final_loss: float
 
 
-def measure(step: Callable[[], torch.Tensor], clock: StepClock, policy: WarmupPolicy, steps: int,
-            agree_max: Callable[[float], float] = lambda x: x,
-            before_step: Callable[[str, int], None] = lambda phase, i: None) -> MeasuredSteps:
+def measure(
+    step: Callable[[], torch.Tensor],
+    clock: StepClock,
+    policy: WarmupPolicy,
+    steps: int,
+    agree_max: Callable[[float], float] = lambda x: x,
+    before_step: Callable[[str, int], None] = lambda phase, i: None,
+) -> MeasuredSteps:
     """Warm up, then time ``steps`` steps of ``step``.
 
     Args:
@@ -144,7 +149,9 @@ def measure(step: Callable[[], torch.Tensor], clock: StepClock, policy: WarmupPo
         clock.mark()
     step_s = clock.intervals_s()
     if bool(nonfinite.item()):
-        raise NonFiniteLossError(f"loss became non-finite during the {steps} measured steps "
-                                 f"(last loss {loss.item()})")
-    return MeasuredSteps(step_s=tuple(step_s), warmup_step_s=tuple(warmup_s), steady=steady,
-                         final_loss=float(loss.item()))
+        raise NonFiniteLossError(
+            f"loss became non-finite during the {steps} measured steps (last loss {loss.item()})"
+        )
+    return MeasuredSteps(
+        step_s=tuple(step_s), warmup_step_s=tuple(warmup_s), steady=steady, final_loss=float(loss.item())
+    )

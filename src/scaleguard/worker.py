@@ -95,15 +95,16 @@ def _device_for(spec: CaseSpec, local_rank: int) -> torch.device:
     if spec.device == "cpu":
         return torch.device("cpu")
     if torch.cuda.device_count() < (spec.world_size if spec.mode == "dp" else local_rank + 1):
-        raise RuntimeError(f"{spec.case_id}: rank needs cuda:{local_rank}, but only "
-                           f"{torch.cuda.device_count()} CUDA devices are visible")
+        raise RuntimeError(
+            f"{spec.case_id}: rank needs cuda:{local_rank}, but only "
+            f"{torch.cuda.device_count()} CUDA devices are visible"
+        )
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     return device
 
 
-def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device,
-          fault: FaultSpec | None) -> nn.Module:
+def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device, fault: FaultSpec | None) -> nn.Module:
     """The only place modes differ: how the model is parallelised."""
     if spec.mode == "single":
         return model
@@ -119,8 +120,11 @@ def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device,
     if spec.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        blocks = [m for m in model.modules()
-                  if type(m).__name__ in ("BasicBlock", "Bottleneck", "TransformerEncoderLayer")]
+        blocks = [
+            m
+            for m in model.modules()
+            if type(m).__name__ in ("BasicBlock", "Bottleneck", "TransformerEncoderLayer")
+        ]
         for block in blocks:
             fully_shard(block)
         fully_shard(model)
@@ -141,13 +145,22 @@ def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) ->
     seed = spec.settings.seed + rank  # each rank its own data, like a real sampler gives
     if spec.inputs == "loader":
         world = spec.world_size if spec.is_distributed else 1
-        return loader_batches(mdef, spec.per_rank_batch, device, rank, world, seed,
-                              spec.settings.loader_workers, spec.settings.data_root)
+        return loader_batches(
+            mdef,
+            spec.per_rank_batch,
+            device,
+            rank,
+            world,
+            seed,
+            spec.settings.loader_workers,
+            spec.settings.data_root,
+        )
     return synthetic_batches(mdef, spec.per_rank_batch, device, seed)
 
 
-def build_train_step(spec: CaseSpec, device: torch.device, rank: int,
-                     fault: FaultSpec | None = None) -> Callable[[], torch.Tensor]:
+def build_train_step(
+    spec: CaseSpec, device: torch.device, rank: int, fault: FaultSpec | None = None
+) -> Callable[[], torch.Tensor]:
     """A zero-argument closure running one full training step; returns the detached loss."""
     mdef = get_model_def(spec.model)
     torch.manual_seed(spec.settings.seed)  # identical initial weights on every rank
@@ -204,8 +217,14 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host_max_rss"
 
 
-def rank_main(rank: int, spec: CaseSpec, init_method: str, run_dir_name: str, parent_pid: int,
-              local_rank: int | None = None) -> None:
+def rank_main(
+    rank: int,
+    spec: CaseSpec,
+    init_method: str,
+    run_dir_name: str,
+    parent_pid: int,
+    local_rank: int | None = None,
+) -> None:
     """Entry point of one rank. Writes exactly one of result/error file, then exits."""
     run_dir = Path(run_dir_name)
     local_rank = rank if local_rank is None else local_rank
@@ -221,10 +240,14 @@ def rank_main(rank: int, spec: CaseSpec, init_method: str, run_dir_name: str, pa
         if spec.is_distributed:
             status.set("init_process_group")
             backend = "nccl" if spec.device == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                    world_size=spec.world_size,
-                                    timeout=datetime.timedelta(seconds=120),
-                                    **({"device_id": device} if device.type == "cuda" else {}))
+            dist.init_process_group(
+                backend,
+                init_method=init_method,
+                rank=rank,
+                world_size=spec.world_size,
+                timeout=datetime.timedelta(seconds=120),
+                **({"device_id": device} if device.type == "cuda" else {}),
+            )
         status.set("build model and batches")
         if fault is not None and fault.applies(rank, "setup", 0):
             fault.fire(device)
@@ -236,32 +259,54 @@ def rank_main(rank: int, spec: CaseSpec, init_method: str, run_dir_name: str, pa
             if phase == "warmup":
                 status.set(f"warmup step {index}")
             elif index == 0:
-                status.set(f"measuring {spec.settings.steps} steps (no per-step status, "
-                           "to keep the timed loop clean)")
+                status.set(
+                    f"measuring {spec.settings.steps} steps (no per-step status, "
+                    "to keep the timed loop clean)"
+                )
             if fault is not None and fault.applies(rank, phase, index):
                 fault.fire(device)
 
-        policy = timing.WarmupPolicy(spec.settings.warmup_min, spec.settings.warmup_max,
-                                     spec.settings.warmup_tolerance)
-        clock: timing.StepClock = (timing.CudaEventClock() if device.type == "cuda"
-                                   else timing.PerfCounterClock())
-        measured = timing.measure(step, clock, policy, spec.settings.steps,
-                                  agree_max=_agree_max(spec, device), before_step=before_step)
+        policy = timing.WarmupPolicy(
+            spec.settings.warmup_min, spec.settings.warmup_max, spec.settings.warmup_tolerance
+        )
+        clock: timing.StepClock = (
+            timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
+        )
+        measured = timing.measure(
+            step,
+            clock,
+            policy,
+            spec.settings.steps,
+            agree_max=_agree_max(spec, device),
+            before_step=before_step,
+        )
         status.set("writing result")
         peak, mem_kind = _peak_memory(device)
         result = RankResult(
-            case_id=spec.case_id, rank=rank, step_s=measured.step_s,
-            warmup_step_s=measured.warmup_step_s, steady=measured.steady,
-            final_loss=measured.final_loss, peak_mem_bytes=peak, mem_kind=mem_kind,
-            device_name=(torch.cuda.get_device_name(device) if device.type == "cuda"
-                         else "cpu"),
-            runtime=_runtime(), settings=settings)
+            case_id=spec.case_id,
+            rank=rank,
+            step_s=measured.step_s,
+            warmup_step_s=measured.warmup_step_s,
+            steady=measured.steady,
+            final_loss=measured.final_loss,
+            peak_mem_bytes=peak,
+            mem_kind=mem_kind,
+            device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+            runtime=_runtime(),
+            settings=settings,
+        )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
         status.set("done")
-    except BaseException as exc:
-        failure = RankFailure(case_id=spec.case_id, rank=rank, phase=status.phase,
-                              exc_type=type(exc).__name__, message=str(exc),
-                              traceback=traceback.format_exc(), unix_time=time.time())
+    except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl-C too, is reported
+        failure = RankFailure(
+            case_id=spec.case_id,
+            rank=rank,
+            phase=status.phase,
+            exc_type=type(exc).__name__,
+            message=str(exc),
+            traceback=traceback.format_exc(),
+            unix_time=time.time(),
+        )
         atomic_write_json(error_path(run_dir, rank), failure.to_dict())
         sys.stderr.write(f"[scaleguard rank {rank}] {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
@@ -283,4 +328,3 @@ def _agree_max(spec: CaseSpec, device: torch.device) -> Callable[[float], float]
         return float(tensor.item())
 
     return agree
-
