@@ -6,7 +6,9 @@ before any process is spawned.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import Any
 
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
 from scaleguard.env import GpuInventory
@@ -119,35 +121,31 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         data_root=options.data_root,
     )
     planned: list[PlannedCase] = []
-    for model_name in models:
+    combos = itertools.product(
+        models, options.modes, precisions, options.scalings, options.inputs, world_sizes
+    )
+    for model_name, mode, precision, scaling, inputs, ws in combos:
         mdef = get_model_def(model_name)
-        for mode in options.modes:
-            for precision in precisions:
-                for scaling in options.scalings:
-                    for inputs in options.inputs:
-                        if inputs == "loader" and (mdef.kind != "image" or scaling != "weak"):
-                            continue  # the input pipeline is measured per device: image, weak
-                        for ws in world_sizes:
-                            if mode == "single" and ws != 1:
-                                continue
-                            global_batch = (
-                                mdef.strong_global_batch
-                                if scaling == "strong"
-                                else mdef.weak_per_rank_batch * ws
-                            )
-                            spec = CaseSpec(
-                                model=model_name,
-                                mode=mode,  # type: ignore[arg-type]
-                                world_size=ws,
-                                precision=precision,  # type: ignore[arg-type]
-                                scaling=scaling,
-                                inputs=inputs,  # type: ignore[arg-type]
-                                device=device,  # type: ignore[arg-type]
-                                profile=profile,  # type: ignore[arg-type]
-                                global_batch=global_batch,
-                                settings=settings,
-                            )
-                            planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
+        if inputs == "loader" and (mdef.kind != "image" or scaling != "weak"):
+            continue  # the input pipeline is measured per device: image models, weak scaling
+        if mode == "single" and ws != 1:
+            continue
+        global_batch = mdef.strong_global_batch if scaling == "strong" else mdef.weak_per_rank_batch * ws
+        # values were validated against the Literal choices above
+        fields: dict[str, Any] = dict(
+            model=model_name,
+            mode=mode,
+            world_size=ws,
+            precision=precision,
+            scaling=scaling,
+            inputs=inputs,
+            device=device,
+            profile=profile,
+            global_batch=global_batch,
+            settings=settings,
+        )
+        spec = CaseSpec(**fields)
+        planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
     return planned
 
 

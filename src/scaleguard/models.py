@@ -192,7 +192,7 @@ def loader_batches(
             transform=to_tensor,
             random_offset=seed,
         )
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[tuple[torch.Tensor, int]] = DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
     )
     loader = DataLoader(

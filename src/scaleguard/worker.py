@@ -246,7 +246,7 @@ def rank_main(
                 rank=rank,
                 world_size=spec.world_size,
                 timeout=datetime.timedelta(seconds=120),
-                **({"device_id": device} if device.type == "cuda" else {}),
+                device_id=device if device.type == "cuda" else None,
             )
         status.set("build model and batches")
         if fault is not None and fault.applies(rank, "setup", 0):

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import pytest
+
+from scaleguard.case import CaseSpec
+from scaleguard.env import GpuInventory
+from scaleguard.faults import FaultSpec
+from scaleguard.matrix import MatrixOptions, default_world_sizes, parse_world_sizes, plan
+
+NO_GPU = GpuInventory(0, ())
+ONE_GPU = GpuInventory(1, ("NVIDIA H200",))
+
+
+def ids(planned: list) -> list[str]:
+    return [p.spec.case_id for p in planned]
+
+
+def test_cpu_defaults_smoke_profile_and_skip_reasons() -> None:
+    planned = plan(MatrixOptions(), NO_GPU, cpu_count=2)
+    assert {p.spec.profile for p in planned} == {"smoke"}
+    assert "resnet18_cifar-ddp-ws2-fp32-strong" in ids(planned)
+    assert "transformer_tiny-single-ws1-fp32-weak" in ids(planned)
+    dp = [p for p in planned if p.spec.mode == "dp"]
+    assert dp and all("DataParallel" in (p.skip_reason or "") for p in dp)
+    runnable = [p for p in planned if p.skip_reason is None]
+    assert {p.spec.mode for p in runnable} == {"single", "ddp"}
+    assert {p.spec.world_size for p in runnable} == {1, 2}
+    assert all(p.spec.settings.threads_per_rank == 1 for p in planned)
+
+
+def test_loader_cases_only_for_image_models_and_weak_scaling() -> None:
+    planned = plan(MatrixOptions(), NO_GPU, cpu_count=2)
+    loaders = [p.spec for p in planned if p.spec.inputs == "loader"]
+    assert loaders and all(s.model == "resnet18_cifar" and s.scaling == "weak" for s in loaders)
+
+
+def test_world_size_one_runs_before_its_group() -> None:
+    planned = plan(MatrixOptions(modes=("ddp",)), NO_GPU, cpu_count=2)
+    seen: dict[str, int] = {}
+    for p in planned:
+        if p.spec.world_size > 1:
+            assert p.spec.group_id in seen, "ws1 must come first: it anchors the speedup"
+        seen.setdefault(p.spec.group_id, p.spec.world_size)
+
+
+def test_nccl_cases_beyond_visible_gpus_skip_before_spawning() -> None:
+    planned = plan(MatrixOptions(world_sizes=(1, 2, 4)), ONE_GPU, cpu_count=16)
+    by_id = {p.spec.case_id: p for p in planned}
+    assert by_id["resnet50-ddp-ws4-bf16-strong"].skip_reason == "needs 4 CUDA devices, 1 visible"
+    assert by_id["resnet50-ddp-ws1-bf16-strong"].skip_reason is None
+    assert by_id["resnet50-dp-ws2-fp32-weak"].skip_reason == "needs 2 CUDA devices, 1 visible"
+    assert by_id["resnet50-ddp-ws1-bf16-strong"].spec.settings.channels_last
+
+
+def test_cpu_oversubscription_is_skipped() -> None:
+    planned = plan(MatrixOptions(world_sizes=(1, 4), threads_per_rank=1), NO_GPU, cpu_count=2)
+    ws4 = [p for p in planned if p.spec.world_size == 4 and p.spec.mode == "ddp"]
+    assert ws4 and all("oversubscription" in (p.skip_reason or "") for p in ws4)
+
+
+def test_cuda_default_world_sizes() -> None:
+    assert default_world_sizes("cuda", 1) == (1, 2)
+    assert default_world_sizes("cuda", 6) == (1, 2, 4, 6)
+    assert default_world_sizes("cuda", 8) == (1, 2, 4, 8)
+    assert default_world_sizes("cpu", 0) == (1, 2)
+
+
+@pytest.mark.parametrize("text", ["", "0", "a,2", "-1"])
+def test_bad_world_sizes_are_rejected(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_world_sizes(text)
+
+
+def test_unknown_model_and_mode_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="unknown model 'resnet51'"):
+        plan(MatrixOptions(models=("resnet51",)), NO_GPU, cpu_count=2)
+    with pytest.raises(ValueError, match="unknown mode"):
+        plan(MatrixOptions(modes=("zero",)), NO_GPU, cpu_count=2)
+    with pytest.raises(ValueError, match="no CUDA device"):
+        plan(MatrixOptions(device="cuda"), NO_GPU, cpu_count=2)
+
+
+def test_case_id_is_stable_and_spec_round_trips() -> None:
+    spec = plan(
+        MatrixOptions(models=("resnet50",), modes=("ddp",), world_sizes=(4,)), GpuInventory(4, ("x",) * 4), 64
+    )[0].spec
+    assert spec.case_id == "resnet50-ddp-ws4-fp32-strong"
+    assert spec.per_rank_batch == 64 and spec.global_batch == 256
+    assert CaseSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_fault_spec_parsing() -> None:
+    fault = FaultSpec.parse("raise,rank=1,phase=warmup,step=2")
+    assert fault.applies(1, "warmup", 2) and not fault.applies(0, "warmup", 2)
+    assert FaultSpec.parse("commdelay,ms=5").ms == 5.0
+    with pytest.raises(ValueError, match="unknown fault"):
+        FaultSpec.parse("explode")
