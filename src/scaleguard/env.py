@@ -7,12 +7,15 @@ in the parent wastes memory on GPU 0 and breaks fork-based tools); GPU facts com
 
 from __future__ import annotations
 
+import functools
+import json
 import multiprocessing
 import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -81,14 +84,37 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def nccl_version() -> str | None:
-    if not (torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()):
-        return None
+_PROBE = """
+import json, torch, torch.distributed as dist
+info = {"cuda": torch.version.cuda, "cudnn": None, "nccl": None, "names": []}
+if torch.cuda.is_available():
+    info["cudnn"] = str(torch.backends.cudnn.version())
+    info["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    if dist.is_available() and dist.is_nccl_available():
+        v = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+print(json.dumps(info))
+"""
+
+
+@functools.cache
+def cuda_runtime() -> dict[str, Any]:
+    """CUDA, cuDNN and NCCL versions and GPU names, asked of a short-lived child process:
+    the libraries' own version calls may initialise CUDA, which the pytest process must not."""
+    if gpu_inventory().count == 0:
+        return {"cuda": None, "cudnn": None, "nccl": None, "names": []}
     try:
-        version = torch.cuda.nccl.version()  # library call, no context
-    except Exception:  # noqa: BLE001 - a broken NCCL is reported as absent, the run goes on
-        return None
-    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        return dict(json.loads(out.strip().splitlines()[-1]))
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as exc:
+        return {"cuda": torch.version.cuda, "cudnn": None, "nccl": None, "names": [],
+                "error": f"CUDA probe failed: {exc}"}
+
+
+def nccl_version() -> str | None:
+    version = cuda_runtime().get("nccl")
+    return None if version is None else str(version)
 
 
 @dataclass(frozen=True)
@@ -113,15 +139,14 @@ class HostFingerprint:
 
 def host_fingerprint() -> HostFingerprint:
     gpus = gpu_inventory()
-    cudnn: str | None = None
-    if gpus.count and torch.backends.cudnn.is_available():
-        cudnn = str(torch.backends.cudnn.version())
+    runtime = cuda_runtime()
+    names = list(runtime.get("names") or gpus.names)
     return HostFingerprint(
         torch=torch.__version__,
-        cuda=torch.version.cuda if gpus.count else None,
-        cudnn=cudnn,
-        nccl=nccl_version(),
-        gpu_name=gpus.names[0] if gpus.names else None,
+        cuda=runtime.get("cuda"),
+        cudnn=runtime.get("cudnn"),
+        nccl=runtime.get("nccl"),
+        gpu_name=names[0] if names else None,
         gpu_count=gpus.count,
         cpu_model=cpu_model(),
         cpu_count=os.cpu_count() or 1,
