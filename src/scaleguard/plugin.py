@@ -137,6 +137,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf: a scaleguard performance case (runs worker processes)")
     state = PerfState(config)
     config.stash[STATE] = state
+    if any(state.option(name) is not None for name, _, _ in _OPTIONS):
+        state.planned()  # bad --perf-* values are usage errors now, not collection errors
+        state.timeout_s()
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
 

@@ -1,0 +1,159 @@
+"""The plugin as users drive it: a real ``pytest`` subprocess over a perf test file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaleguard.faults import FAULT_ENV
+from tests.conftest import TAG_ENV, tagged_pids
+
+pytestmark = pytest.mark.timeout(300)
+
+PERF_TEST = (Path(__file__).parents[2] / "perf" / "test_train_step.py").read_text()
+FAST = [
+    "--perf-models",
+    "transformer_tiny",
+    "--perf-scaling",
+    "strong",
+    "--perf-steps",
+    "4",
+    "--perf-warmup",
+    "2",
+    "-p",
+    "no:cacheprovider",
+]
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_train_step=PERF_TEST)
+    return pytester
+
+
+def test_benchmark_save_holds_the_measured_per_step_samples(
+    suite: pytest.Pytester, tmp_path: Path, process_tag: str
+) -> None:
+    storage = tmp_path / "bench"
+    result = suite.runpytest_subprocess(
+        *FAST,
+        "--perf-modes",
+        "single,dp,ddp",
+        "-rs",
+        "--benchmark-save=smoke",
+        "--benchmark-save-data",
+        f"--benchmark-storage=file://{storage}",
+    )
+    result.assert_outcomes(passed=3, skipped=2)
+    result.stdout.fnmatch_lines(
+        ["*scaleguard scaling*", "*transformer_tiny-ddp-fp32-strong*", "*DataParallel needs CUDA devices*"]
+    )
+    (saved,) = storage.glob("*/*_smoke.json")
+    data = json.loads(saved.read_text())
+    names = sorted(b["param"] for b in data["benchmarks"])
+    assert names == [
+        "transformer_tiny-ddp-ws1-fp32-strong",
+        "transformer_tiny-ddp-ws2-fp32-strong",
+        "transformer_tiny-single-ws1-fp32-strong",
+    ]
+    for bench in data["benchmarks"]:
+        stats, info = bench["stats"], bench["extra_info"]
+        samples = stats["data"]
+        assert stats["rounds"] == len(samples) == 4
+        assert stats["min"] == min(samples) and stats["max"] == max(samples)
+        assert stats["median"] == pytest.approx(statistics.median(samples))
+        assert stats["mean"] == pytest.approx(statistics.mean(samples))
+        assert stats["stddev"] == pytest.approx(statistics.stdev(samples))
+        # computed independently by scaleguard from the rank files: the same numbers
+        assert info["median_step_s"] == pytest.approx(stats["median"])
+        assert info["samples_per_s"] == pytest.approx(info["global_batch"] / stats["median"])
+        assert info["world_size"] in (1, 2) and info["settings"]["threads_per_rank"] == 1
+        assert all(m > 0 for m in info["peak_mem_bytes"])
+    ws2 = next(b for b in data["benchmarks"] if b["extra_info"]["world_size"] == 2)["extra_info"]
+    assert ws2["speedup"] is not None and ws2["scaling_efficiency"] == pytest.approx(ws2["speedup"] / 2)
+    machine = data["machine_info"]
+    assert machine["torch_version"].startswith("2.") and machine["threads_per_rank"] == 1
+    assert machine["scaleguard"]["device"] == "cpu" and machine["cpu_model"]
+    compare = subprocess.run(
+        [sys.executable, "-m", "pytest_benchmark", "compare", str(saved)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert compare.returncode == 0, compare.stderr
+    assert "transformer_tiny-ddp-ws2-fp32-strong" in compare.stdout
+
+
+def test_ids_select_with_k(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(*FAST, "--collect-only", "-q", "-k", "ddp and ws2")
+    result.stdout.fnmatch_lines(
+        [
+            "*test_train_step[[]transformer_tiny-ddp-ws2-fp32-strong[]]*",
+            "*1/5 tests collected (4 deselected)*",
+        ]
+    )
+
+
+def test_failing_case_fails_only_itself_and_names_the_rank(
+    suite: pytest.Pytester, process_tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(FAULT_ENV, "raise,rank=1,phase=warmup,step=1")
+    result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single,ddp")
+    result.assert_outcomes(passed=2, failed=1)  # ws1 cases have no rank 1 and still pass
+    result.stdout.fnmatch_lines(["*transformer_tiny-ddp-ws2-fp32-strong: rank 1: InjectedFault*"])
+
+
+def test_bad_options_are_usage_errors(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single,zero")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*scaleguard: unknown modes*zero*choose from single, dp, ddp, fsdp*"])
+
+
+def test_ini_twins_are_read(suite: pytest.Pytester) -> None:
+    suite.makeini("[pytest]\nperf_models = resnet18_cifar\nperf_modes = ddp\nperf_world_sizes = 2\n")
+    result = suite.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*resnet18_cifar-ddp-ws2-fp32-strong*", "*3 tests collected*"])
+
+
+def test_under_xdist_perf_cases_skip_with_the_reason(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single", "-n", "1", "-rs")
+    result.stdout.fnmatch_lines(["*perf cases run serially*"])
+    result.assert_outcomes(skipped=1)
+
+
+def test_ctrl_c_during_a_case_leaves_no_process(suite: pytest.Pytester, process_tag: str) -> None:
+    env = dict(os.environ, **{FAULT_ENV: "hang,rank=0,phase=measure,step=0", TAG_ENV: process_tag})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *FAST,
+            "--perf-modes",
+            "ddp",
+            "--perf-world-sizes",
+            "2",
+            "--perf-timeout",
+            "120",
+        ],
+        cwd=suite.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(tagged_pids(process_tag)) < 3:
+        time.sleep(0.5)  # pytest and both ranks alive
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    assert not tagged_pids(process_tag)
