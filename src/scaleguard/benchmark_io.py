@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scaleguard.baseline import config_of
 from scaleguard.env import HostFingerprint
 from scaleguard.records import CaseResult
 
@@ -23,6 +24,9 @@ def extra_info(result: CaseResult) -> dict[str, Any]:
     return {
         "scaleguard_schema": result.schema_version,
         "case_id": spec.case_id,
+        "group_id": spec.group_id,
+        "config": config_of(spec.to_dict()),
+        "step_s": list(result.step_s),  # raw samples: `scaleguard compare` tests on these
         "model": spec.model,
         "mode": spec.mode,
         "world_size": spec.world_size,

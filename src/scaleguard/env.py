@@ -104,12 +104,18 @@ def cuda_runtime() -> dict[str, Any]:
     if gpu_inventory().count == 0:
         return {"cuda": None, "cudnn": None, "nccl": None, "names": []}
     try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                             timeout=120, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
         return dict(json.loads(out.strip().splitlines()[-1]))
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as exc:
-        return {"cuda": torch.version.cuda, "cudnn": None, "nccl": None, "names": [],
-                "error": f"CUDA probe failed: {exc}"}
+        return {
+            "cuda": torch.version.cuda,
+            "cudnn": None,
+            "nccl": None,
+            "names": [],
+            "error": f"CUDA probe failed: {exc}",
+        }
 
 
 def nccl_version() -> str | None:

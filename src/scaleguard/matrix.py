@@ -106,7 +106,7 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
             raise ValueError(f"unknown {name} {bad}; choose from {', '.join(allowed)}")
     cpu_ws_max = max(world_sizes)
     threads = options.threads_per_rank or max(1, cpu_count // cpu_ws_max)
-    steps = options.steps or (20 if device == "cpu" else 50)
+    steps = options.steps or (30 if device == "cpu" else 50)
     warmup_min = options.warmup or (5 if device == "cpu" else 10)
     settings = RunSettings(
         steps=steps,

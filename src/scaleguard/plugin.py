@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +45,11 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("threads-per-rank", "CPU threads per rank (default: cores // largest world size)", None),
     ("data-root", "local CIFAR-10 directory for the loader cases (never downloads)", None),
     ("loader-workers", "DataLoader workers per rank for loader cases", None),
+    ("baselines", "directory of baseline JSON files (default: <rootdir>/baselines)", None),
+    ("baseline-torch", "compare with the baseline of this torch version (default: newest recorded)", None),
+    ("threshold-step", "relative median step-time change that counts (default 0.05)", None),
+    ("threshold-efficiency", "scaling-efficiency drop in points that counts (default 0.03)", None),
+    ("threshold-memory", "relative peak-memory growth that counts (default 0.10)", None),
 )
 
 
@@ -53,6 +59,7 @@ class PerfState:
 
     config: pytest.Config
     _planned: list[Any] | None = None
+    _baselines: Any = None
     runner: Any = None
     host: Any = None
 
@@ -108,6 +115,55 @@ class PerfState:
                 raise pytest.UsageError(f"scaleguard: {exc}") from exc
         return self._planned
 
+    def baseline_context(self) -> Any:
+        """Load this hardware's baseline once; a broken file stops the session with the reason."""
+        if self._baselines is not None:
+            return self._baselines
+        from scaleguard import baseline
+        from scaleguard.compare import Thresholds
+        from scaleguard.env import host_fingerprint
+        from scaleguard.runner import BaselineContext
+
+        spec = self.planned()[0].spec
+        host = host_fingerprint()
+        key = baseline.hardware_key(host, spec.device, spec.settings.threads_per_rank)
+        directory = Path(self.option("baselines") or self.config.rootpath / "baselines")
+        path = directory / f"{key}.json"
+        try:
+            thresholds = Thresholds()
+            overrides = " ".join(
+                f"{name}={self.option('threshold-' + name)}"
+                for name in ("step", "efficiency", "memory")
+                if self.option("threshold-" + name) is not None
+            )
+            if overrides:
+                thresholds = Thresholds.parse_overrides(thresholds, overrides)
+            loaded = baseline.load(path)
+        except (ValueError, baseline.BaselineError) as exc:
+            raise pytest.UsageError(f"scaleguard: {exc}") from exc
+        self._baselines = BaselineContext(
+            path=path,
+            file=loaded,
+            hardware_key=key,
+            hardware={
+                "device": spec.device,
+                "gpu_name": host.gpu_name,
+                "gpu_count": host.gpu_count,
+                "cpu_model": host.cpu_model,
+                "threads_per_rank": spec.settings.threads_per_rank,
+                "backend": "nccl" if spec.device == "cuda" else "gloo",
+            },
+            torch_pick=self.option("baseline-torch"),
+            thresholds=thresholds,
+            per_case=list(self.config.getini("perf_case_thresholds")),
+            commit=baseline.git_commit(self.config.rootpath),
+        )
+        return self._baselines
+
+    def update_baselines(self) -> bool:
+        flag = self.config.getoption("perf_update_baselines")
+        return bool(flag if flag is not None else self.config.getini("perf_update_baselines"))
+
     def timeout_s(self) -> float:
         text = self.option("timeout")
         if text is not None:
@@ -131,6 +187,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest = "perf_" + name.replace("-", "_")
         group.addoption(f"--perf-{name}", dest=dest, default=None, choices=choices, help=help_text)
         parser.addini(dest, f"{help_text} (ini twin of --perf-{name})", default=None)
+    group.addoption(
+        "--perf-update-baselines",
+        dest="perf_update_baselines",
+        action="store_true",
+        default=None,
+        help="merge this run's good cases into the baseline file",
+    )
+    parser.addini("perf_update_baselines", "ini twin of --perf-update-baselines", type="bool", default=False)
+    parser.addini(
+        "perf_case_thresholds",
+        "per-case threshold overrides, one per line: '<case-id glob> step=0.08 efficiency=0.05 memory=0.2'",
+        type="linelist",
+        default=[],
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -169,7 +239,9 @@ def perf_runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
     state = request.config.stash[STATE]
     if state.runner is None:
-        state.runner = PerfRunner(tmp_path_factory.mktemp("scaleguard-runs"), state.timeout_s())
+        state.runner = PerfRunner(
+            tmp_path_factory.mktemp("scaleguard-runs"), state.timeout_s(), state.baseline_context()
+        )
     return state.runner
 
 
@@ -185,6 +257,12 @@ def perf_run(perf_runner: Any, benchmark: Any) -> Callable[[CaseSpec], Any]:
         except CaseFailedError as exc:
             pytest.fail(str(exc), pytrace=False)
         benchmark_io.record(benchmark, result)
+        verdict = perf_runner.judge(result)
+        if verdict is not None:
+            benchmark.extra_info["verdict"] = verdict.status.value
+            benchmark.extra_info["verdict_story"] = verdict.story
+            if verdict.failed:
+                pytest.fail(verdict.story, pytrace=False)
         return result
 
     return run
@@ -224,7 +302,26 @@ def pytest_terminal_summary(
 
     terminalreporter.section("scaleguard scaling")
     width = max(100, terminalreporter._tw.fullwidth)
-    terminalreporter.write(report.render(report.scaling_tables(runner.results.values()), width))
+    tables = report.scaling_tables(runner.results.values(), runner.verdicts)
+    terminalreporter.write(report.render(tables, width))
     for case_id, reason in runner.failures.items():
         terminalreporter.write_line(f"FAILED {case_id}: {reason}")
+    for verdict in runner.verdicts.values():
+        if verdict.status.value != "OK":
+            terminalreporter.write_line(verdict.story)
+    if state is not None and state.update_baselines():
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            terminalreporter.write_line("scaleguard: interrupted: baselines not updated")
+        else:
+            from scaleguard.baseline import BaselineError
+
+            try:
+                path, written, left_out = runner.update_baselines()
+            except BaselineError as exc:
+                terminalreporter.write_line(f"scaleguard: baselines not updated: {exc}")
+                return result
+            terminalreporter.write_line(
+                f"scaleguard: baseline {path}: {len(written)} cases recorded"
+                + (f"; left out as too noisy: {', '.join(left_out)}" if left_out else "")
+            )
     return result

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from rich.console import Console
 from rich.table import Table
 
+from scaleguard.compare import Verdict
 from scaleguard.records import CaseResult
 
 
@@ -23,7 +24,10 @@ def fmt_bytes(count: int) -> str:
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
-def scaling_tables(results: Iterable[CaseResult]) -> list[Table]:
+def scaling_tables(
+    results: Iterable[CaseResult], verdicts: Mapping[str, Verdict] | None = None
+) -> list[Table]:
+    verdicts = verdicts or {}
     groups: dict[str, list[CaseResult]] = {}
     for result in results:
         groups.setdefault(result.spec.group_id, []).append(result)
@@ -63,6 +67,16 @@ def scaling_tables(results: Iterable[CaseResult]) -> list[Table]:
             table.caption_justify = "left"
         tables.append(table)
     return tables
+
+
+def verdict_cells(verdict: Verdict | None) -> list[str]:
+    if verdict is None:
+        return ["-", "-", "-", "-"]
+    base = verdict.baseline
+    if base is None:
+        return ["-", "-", "-", verdict.status.value]
+    change = "-" if verdict.step_change is None else f"{verdict.step_change:+.1%}"
+    return [fmt_ms(base.summary.median_s), change, fmt_ratio(base.scaling_efficiency), verdict.status.value]
 
 
 def render(tables: list[Table], width: int = 120) -> str:
