@@ -102,7 +102,8 @@ class PerfRunner:
         """Merge this session's good cases into the baseline file, atomically.
 
         Returns the path, the case ids written and the ones left out (NOISY, or whose median's
-        baselines are off. Failed and non-finite cases never have a result to write.
+        95 % CI is wider than the step threshold), or None when baselines are off. Failed and
+        non-finite cases never have a result to write.
         """
         ctx = self.baselines
         if ctx is None:

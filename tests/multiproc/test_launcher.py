@@ -26,13 +26,16 @@ def test_two_gloo_ranks_measure_every_step(tmp_path: Path, process_tag: str) -> 
 
 
 def test_single_and_loader_inputs_run(tmp_path: Path, process_tag: str) -> None:
-    spec = tiny_spec(mode="single", world_size=1, steps=3, model="resnet18_cifar", scaling="weak", inputs="loader")
+    spec = tiny_spec(
+        mode="single", world_size=1, steps=3, model="resnet18_cifar", scaling="weak", inputs="loader"
+    )
     (rank,) = run_case(spec, tmp_path, timeout_s=120)
     assert len(rank.step_s) == 3 and rank.final_loss == rank.final_loss
 
 
-def _fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, timeout_s: float = 120,
-          world_size: int = 2) -> tuple[CaseFailedError, float]:
+def _fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, timeout_s: float = 120, world_size: int = 2
+) -> tuple[CaseFailedError, float]:
     monkeypatch.setenv(FAULT_ENV, fault)
     start = time.monotonic()
     with pytest.raises(CaseFailedError) as info:
@@ -40,28 +43,35 @@ def _fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, timeout_s
     return info.value, time.monotonic() - start
 
 
-def test_rank_that_raises_is_named_with_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      process_tag: str) -> None:
+def test_rank_that_raises_is_named_with_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
     err, elapsed = _fail(tmp_path, monkeypatch, "raise,rank=1,phase=measure,step=2")
     assert err.rank == 1
     assert "InjectedFault" in str(err) and "Traceback" in str(err) and "during 'measuring" in str(err)
     assert elapsed < 60
 
 
-def test_sigkilled_rank_names_the_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
+def test_sigkilled_rank_names_the_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
     err, elapsed = _fail(tmp_path, monkeypatch, "sigkill,rank=0,phase=warmup,step=1")
     assert err.rank == 0 and "SIGKILL" in str(err)
     assert elapsed < 60
 
 
-def test_hung_rank_times_out_and_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
+def test_hung_rank_times_out_and_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
     err, elapsed = _fail(tmp_path, monkeypatch, "hang,rank=1,phase=measure,step=1", timeout_s=25)
     assert "--perf-timeout=25s" in str(err)
     assert "rank 1: measuring" in str(err)  # last known activity of the stopped rank
     assert 25 <= elapsed < 60
 
 
-def test_rank_exiting_zero_without_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
+def test_rank_exiting_zero_without_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
     err, _ = _fail(tmp_path, monkeypatch, "exit0,rank=0,phase=measure,step=0", world_size=1)
     assert "missing result for rank 0" in str(err)
 
@@ -71,8 +81,9 @@ def test_nan_loss_fails_the_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "NonFiniteLossError" in str(err) and not list(tmp_path.glob("*.result.json"))
 
 
-def test_oom_in_one_rank_fails_the_whole_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              process_tag: str) -> None:
+def test_oom_in_one_rank_fails_the_whole_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
     err, elapsed = _fail(tmp_path, monkeypatch, "oom,rank=1,phase=measure,step=1")
     assert err.rank == 1 and "OutOfMemoryError" in str(err)
     assert elapsed < 60
