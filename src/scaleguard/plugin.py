@@ -130,7 +130,7 @@ class PerfState:
         directory = Path(self.option("baselines") or self.config.rootpath / "baselines")
         path = directory / f"{key}.json"
         try:
-            thresholds = Thresholds()
+            thresholds = Thresholds.for_device(spec.device)
             overrides = " ".join(
                 f"{name}={self.option('threshold-' + name)}"
                 for name in ("step", "efficiency", "memory")

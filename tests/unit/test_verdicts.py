@@ -52,7 +52,9 @@ def test_identical_distribution_is_ok() -> None:
 def test_real_slowdown_is_regressed_with_the_story() -> None:
     verdict = judge(record(median=0.107, torch="2.12.0", seed=1), record(), Thresholds())
     assert verdict.status is Status.REGRESSED
-    assert re.match(r"m-ddp-ws2-fp32-strong REGRESSED: step 10\d\.\d ms vs (99|100)\.\d ms \(\+\d\.\d%, p=", verdict.story)
+    assert re.match(
+        r"m-ddp-ws2-fp32-strong REGRESSED: step 10\d\.\d ms vs (99|100)\.\d ms \(\+\d\.\d%, p=", verdict.story
+    )
     assert (
         "torch 2.11.0 -> 2.12.0" in verdict.story and verdict.p_value is not None and verdict.p_value < 1e-3
     )
