@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -141,8 +141,9 @@ def render_plot(old: Run, new: Run, path: Path) -> None:
     groups = sorted({r.group_id for r in new.records.values()})
     fig, (ax_speed, ax_rate) = plt.subplots(1, 2, figsize=(14, max(4.5, 0.3 * len(new.records) + 2)))
     max_ws = 1
+    colors = plt.get_cmap("tab10")
     for run, style in ((old, "--"), (new, "-")):
-        for group in groups:
+        for index, group in enumerate(groups):
             points = sorted(
                 (r.world_size, r.speedup if r.speedup is not None else 1.0)
                 for r in run.records.values()
@@ -151,11 +152,14 @@ def render_plot(old: Run, new: Run, path: Path) -> None:
             if len(points) > 1:
                 xs, ys = zip(*points, strict=True)
                 max_ws = max(max_ws, *xs)
-                ax_speed.plot(xs, ys, style, marker="o", label=f"{group} [{run.label}]")
+                # one colour per group; dashed = OLD, solid = NEW
+                ax_speed.plot(
+                    xs, ys, style, marker="o", color=colors(index % 10), label=group if run is new else None
+                )
     ax_speed.plot([1, max_ws], [1, max_ws], ":", color="grey", label="ideal")
     ax_speed.set_xlabel("world size")
     ax_speed.set_ylabel("speedup over world size 1")
-    ax_speed.set_title("scaling")
+    ax_speed.set_title(f"scaling (dashed: {old.label}; solid: {new.label})", fontsize=9)
     ax_speed.legend(fontsize=6)
     cases = sorted(new.records)
     rows_y = list(range(len(cases)))
@@ -183,9 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--plot", type=Path, help="write a PNG plot here")
     cmp.add_argument("--old-torch", help="for a baseline file: which torch version's entries")
     cmp.add_argument("--new-torch", help="for a baseline file: which torch version's entries")
-    cmp.add_argument("--threshold-step", type=float, default=Thresholds.step)
-    cmp.add_argument("--threshold-efficiency", type=float, default=Thresholds.efficiency)
-    cmp.add_argument("--threshold-memory", type=float, default=Thresholds.memory)
+    for name in ("step", "efficiency", "memory"):
+        cmp.add_argument(
+            f"--threshold-{name}",
+            type=float,
+            help="default: the suite's default for the runs' device (see README)",
+        )
     args = parser.parse_args(argv)
     try:
         old = load_run(args.old, args.old_torch)
@@ -193,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaselineError as exc:
         print(f"scaleguard compare: {exc}", file=sys.stderr)
         return 2
-    thresholds = Thresholds(
-        step=args.threshold_step, efficiency=args.threshold_efficiency, memory=args.threshold_memory
-    )
+    devices = {r.config.get("device") for r in new.records.values()}
+    thresholds = Thresholds.for_device("cpu" if devices == {"cpu"} else "cuda")
+    overrides = {name: getattr(args, f"threshold_{name}") for name in ("step", "efficiency", "memory")}
+    thresholds = replace(thresholds, **{k: v for k, v in overrides.items() if v is not None})
     rows = compare_runs(old, new, thresholds)
     console = Console(width=160)
     console.print(render_table(rows, old, new))

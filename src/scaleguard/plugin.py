@@ -232,6 +232,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("perf_case", params)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any("perf_case" in getattr(item, "fixturenames", ()) for item in session.items):
+        # a broken baseline file stops the run before any case is measured, as a usage error
+        session.config.stash[STATE].baseline_context()
+
+
 @pytest.fixture(scope="session")
 def perf_runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Session-wide runner: spawns each case's ranks and keeps the results."""

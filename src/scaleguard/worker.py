@@ -132,10 +132,12 @@ def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device, fault: FaultSp
     raise ValueError(f"unknown mode {spec.mode!r}")
 
 
-def _delayed_allreduce_hook(delay_s: float, state_bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook that sleeps before each bucket's all-reduce (fault ``commdelay``)."""
-    time.sleep(delay_s)
-    bucket = state_bucket
+def _delayed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook that sleeps ``state`` seconds before each bucket's all-reduce (fault
+    ``commdelay``). DDP checks the names (``state, bucket``) and that ``bucket`` is annotated
+    with the GradBucket class itself, which string annotations (``from __future__ import
+    annotations``) are not: so it stays unannotated."""
+    time.sleep(state)
     tensor = bucket.buffer().div_(dist.get_world_size())
     fut = dist.all_reduce(tensor, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])

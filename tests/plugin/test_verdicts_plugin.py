@@ -61,8 +61,8 @@ def test_slowed_allreduce_is_a_scaling_regression_at_ws2_only(
     assert story, out
     change = float(re.search(r"\(\+(\d+\.\d)%", story.group(0)).group(1))
     assert change > 50, story.group(0)  # the delay, not noise: noise is never this large
+    # named so only when the ws1 verdict of the same run was OK, IMPROVED or NOISY
     assert "(scaling regression: ws1 unchanged)" in story.group(0)
-    assert re.search(r"transformer_tiny-ddp-ws1-fp32-strong (OK|IMPROVED|NOISY)", out) or "│ OK" in out
     assert "ws1-fp32-strong REGRESSED" not in out
 
 
@@ -97,7 +97,13 @@ def test_foreign_hardware_baseline_is_new_and_never_overwritten(
     )
     before = path.read_bytes()
     result = suite.runpytest_subprocess(
-        *ARGS, "--perf-world-sizes", "1", f"--perf-baselines={baselines}", "--perf-update-baselines"
+        *ARGS,
+        "--perf-world-sizes",
+        "1",
+        "--perf-threads-per-rank",
+        "1",
+        f"--perf-baselines={baselines}",
+        "--perf-update-baselines",
     )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
