@@ -77,6 +77,7 @@ class CaseRecord:
             versions=dict(result.runtime),
             recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             commit=commit,
+            throttled=result.throttled,
         )
 
     @classmethod
@@ -102,6 +103,7 @@ class CaseRecord:
             versions=dict(info.get("runtime") or {"torch": machine_info.get("torch_version")}),
             recorded_at=str(machine_info.get("datetime", "")),
             commit=commit,
+            throttled=bool(info.get("throttled", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -50,6 +50,8 @@ def extra_info(result: CaseResult) -> dict[str, Any]:
         "runtime": result.runtime,
         "settings": result.settings,
         "notes": list(result.notes),
+        "throttled": result.throttled,
+        "machine_state": result.machine_state,
     }
 
 

@@ -122,6 +122,8 @@ class CaseResult:
     speedup: float | None = None  # samples/s over world size 1 of the same group
     scaling_efficiency: float | None = None
     notes: tuple[str, ...] = field(default=())
+    machine_state: dict[str, Any] = field(default_factory=dict)  # NVML before/after, if any
+    throttled: bool = False
     schema_version: int = SCHEMA_VERSION
 
     @classmethod

@@ -3,10 +3,10 @@ results for speedups, the report and a baseline update."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from scaleguard import launcher
+from scaleguard import launcher, machine_state
 from scaleguard.baseline import BaselineError, BaselineFile, CaseRecord
 from scaleguard.case import CaseSpec
 from scaleguard.compare import Status, Thresholds, Verdict, judge, median_ci_halfwidth, thresholds_for
@@ -65,12 +65,27 @@ class PerfRunner:
         return None
 
     def run(self, spec: CaseSpec) -> CaseResult:
+        gpus = spec.world_size if spec.device == "cuda" else 0
+        before = machine_state.snapshot(gpus)
         try:
             ranks = launcher.run_case(spec, self.base_dir / spec.case_id, self.timeout_s)
         except launcher.CaseFailedError as exc:
             self.failures[spec.case_id] = exc.reason
             raise
+        after = machine_state.snapshot(gpus)
         result = CaseResult.from_ranks(spec, ranks).with_reference(self.reference_for(spec))
+        if before is not None or after is not None:
+            reasons = machine_state.throttle_reasons(before, after)
+            result = replace(
+                result,
+                machine_state={
+                    "before": [s.to_dict() for s in before or ()],
+                    "after": [s.to_dict() for s in after or ()],
+                },
+                throttled=bool(reasons),
+                notes=result.notes
+                + ((f"GPU throttled around the case: {', '.join(reasons)}",) if reasons else ()),
+            )
         self.results[spec.case_id] = result
         return result
 
@@ -112,7 +127,7 @@ class PerfRunner:
         for case_id, result in self.results.items():
             verdict = self.verdicts.get(case_id)
             too_wide = median_ci_halfwidth(result.step_s) > ctx.thresholds.step
-            if too_wide or (verdict is not None and verdict.status is Status.NOISY):
+            if too_wide or result.throttled or (verdict is not None and verdict.status is Status.NOISY):
                 skipped.append(case_id)
             else:
                 keep.append(CaseRecord.from_result(result, ctx.commit))

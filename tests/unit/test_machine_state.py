@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from scaleguard import machine_state
+
+
+def fake_pynvml(reasons_mask: int) -> types.ModuleType:
+    mod = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    calls = {"init": 0, "shutdown": 0}
+    mod.NVMLError = NVMLError  # type: ignore[attr-defined]
+    mod.NVML_CLOCK_SM = 1  # type: ignore[attr-defined]
+    mod.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
+    mod.calls = calls  # type: ignore[attr-defined]
+    mod.nvmlInit = lambda: calls.__setitem__("init", calls["init"] + 1)  # type: ignore[attr-defined]
+    mod.nvmlShutdown = lambda: calls.__setitem__("shutdown", calls["shutdown"] + 1)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetClockInfo = lambda h, kind: 1410  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetTemperature = lambda h, kind: 71  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetPowerUsage = lambda h: 650_000  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCurrentClocksEventReasons = lambda h: reasons_mask  # type: ignore[attr-defined]
+    return mod
+
+
+def test_snapshot_reads_every_used_gpu_and_names_throttling(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_pynvml(0x40 | 0x1)  # hw thermal slowdown + idle
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    states = machine_state.snapshot(2)
+    assert states is not None and [s.index for s in states] == [2, 3]
+    assert states[0].power_w == 650.0 and states[0].sm_clock_mhz == 1410
+    assert states[0].reasons == ("gpu_idle", "hw_thermal_slowdown")
+    assert machine_state.throttle_reasons(states, None) == [
+        "gpu2: hw_thermal_slowdown",
+        "gpu3: hw_thermal_slowdown",
+    ]
+    assert fake.calls == {"init": 1, "shutdown": 1}  # type: ignore[attr-defined]
+
+
+def test_idle_is_not_throttling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0x1))
+    assert machine_state.throttle_reasons(machine_state.snapshot(1)) == []
+
+
+def test_no_nvml_or_no_gpu_gives_no_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert machine_state.snapshot(0) is None
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    assert machine_state.snapshot(1) is None

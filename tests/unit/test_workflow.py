@@ -1,0 +1,39 @@
+"""The nightly workflow is valid GitHub Actions and does what the README promises."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+WORKFLOW = Path(__file__).parents[2] / ".github" / "workflows" / "nightly-gpu.yml"
+
+
+def test_workflow_validates_against_the_github_schema() -> None:
+    exe = shutil.which("check-jsonschema")
+    if exe is None:
+        pytest.fail("check-jsonschema is part of the test extras: pip install -e '.[test]'")
+    done = subprocess.run(
+        [exe, "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_workflow_runs_the_suite_nightly_and_keeps_the_evidence() -> None:
+    flow = yaml.safe_load(WORKFLOW.read_text())
+    triggers = flow[True]  # YAML 1.1 reads the key `on` as a boolean
+    assert "schedule" in triggers and "workflow_dispatch" in triggers
+    job = flow["jobs"]["perf"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "pytest perf/" in runs and "--benchmark-save" in runs and "scaleguard compare" in runs
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()"
+    for kept in (".benchmarks/", "report.md", "report.png"):
+        assert kept in upload["with"]["path"]
