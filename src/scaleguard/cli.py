@@ -177,6 +177,66 @@ def render_plot(old: Run, new: Run, path: Path) -> None:
     plt.close(fig)
 
 
+def ingest(
+    files: list[Path], baselines_dir: Path, hardware_key: str | None, torch_pick: str | None, update: bool
+) -> int:
+    """Judge case records written under torchrun against the baselines, like the suite does."""
+    import tempfile
+
+    from scaleguard import report
+    from scaleguard.env import slug
+    from scaleguard.records import CaseResult
+    from scaleguard.runner import BaselineContext, PerfRunner
+
+    results = []
+    for path in files:
+        try:
+            results.append(CaseResult.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise BaselineError(f"{path}: not a scaleguard case record: {exc}") from exc
+    results.sort(key=lambda r: (r.spec.group_id, r.spec.world_size))
+    first = results[0]
+    if hardware_key is None:
+        biggest = max(r.spec.world_size for r in results)
+        hardware_key = (
+            f"cuda-{slug(first.device_name)}-x{biggest}"
+            if first.spec.device == "cuda"
+            else f"cpu-{slug(first.device_name)}-{first.settings['threads_per_rank']}t"
+        )
+    path = baselines_dir / f"{hardware_key}.json"
+    ctx = BaselineContext(
+        path=path,
+        file=baseline.load(path),
+        hardware_key=hardware_key,
+        hardware={"device": first.spec.device, "gpu_name": first.device_name, "source": "torchrun"},
+        torch_pick=torch_pick,
+        thresholds=Thresholds.for_device(first.spec.device),
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        runner = PerfRunner(Path(scratch), timeout_s=0, baselines=ctx)
+        for result in results:
+            result = result.with_reference(runner.reference_for(result.spec))
+            runner.results[result.spec.case_id] = result
+            runner.judge(result)
+        console = Console(width=160)
+        for table in report.scaling_tables(runner.results.values(), runner.verdicts):
+            console.print(table)
+        for verdict in runner.verdicts.values():
+            if verdict.status is not Status.OK:
+                console.print(verdict.story, markup=False, highlight=False)
+        if update:
+            outcome = runner.update_baselines()
+            if outcome is not None:
+                written_to, written, left_out = outcome
+                console.print(
+                    f"baseline {written_to}: {len(written)} cases recorded"
+                    + (f"; left out: {', '.join(left_out)}" if left_out else ""),
+                    markup=False,
+                    highlight=False,
+                )
+    return 1 if any(v.failed for v in runner.verdicts.values()) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scaleguard")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,7 +253,21 @@ def main(argv: list[str] | None = None) -> int:
             type=float,
             help="default: the suite's default for the runs' device (see README)",
         )
+    ing = sub.add_parser("ingest", help="judge (and record) case records written under torchrun")
+    ing.add_argument("files", nargs="+", type=Path, help="*.case.json from scaleguard.torchrun_entry")
+    ing.add_argument("--baselines", type=Path, default=Path("baselines"))
+    ing.add_argument("--hardware-key", help="default: cuda-<gpu>-x<largest world size> / cpu-<cpu>-<n>t")
+    ing.add_argument("--baseline-torch", help="compare with this torch version's entries")
+    ing.add_argument("--update-baselines", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "ingest":
+        try:
+            return ingest(
+                args.files, args.baselines, args.hardware_key, args.baseline_torch, args.update_baselines
+            )
+        except BaselineError as exc:
+            print(f"scaleguard ingest: {exc}", file=sys.stderr)
+            return 2
     try:
         old = load_run(args.old, args.old_torch)
         new = load_run(args.new, args.new_torch)

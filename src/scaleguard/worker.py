@@ -25,6 +25,7 @@ from torch import nn
 
 from scaleguard import timing
 from scaleguard.case import CaseSpec
+from scaleguard.env import cpu_model
 from scaleguard.faults import FaultSpec
 from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, synthetic_batches
 from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
@@ -226,8 +227,15 @@ def rank_main(
     run_dir_name: str,
     parent_pid: int,
     local_rank: int | None = None,
+    case_out: str | None = None,
 ) -> None:
-    """Entry point of one rank. Writes exactly one of result/error file, then exits."""
+    """Entry point of one rank. Writes exactly one of result/error file, then exits.
+
+    Args:
+        parent_pid: the scaleguard parent to die with; 0 under torchrun, whose agent reaps.
+        case_out: torchrun mode: rank 0 gathers every rank's result over the process group
+            (ranks may sit on other nodes) and writes the folded ``CaseResult`` here.
+    """
     run_dir = Path(run_dir_name)
     local_rank = rank if local_rank is None else local_rank
     if parent_pid > 0:
@@ -293,11 +301,14 @@ def rank_main(
             final_loss=measured.final_loss,
             peak_mem_bytes=peak,
             mem_kind=mem_kind,
-            device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+            device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()),
             runtime=_runtime(),
             settings=settings,
         )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
+        if case_out is not None:
+            status.set("gathering results on rank 0")
+            _write_case(spec, result, Path(case_out))
         status.set("done")
     except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl-C too, is reported
         failure = RankFailure(
@@ -317,6 +328,21 @@ def rank_main(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _write_case(spec: CaseSpec, mine: RankResult, out: Path) -> None:
+    """Rank 0 writes the whole case (all ranks folded), for ``scaleguard ingest``."""
+    from scaleguard.records import CaseResult
+
+    ranks = [mine.to_dict()]
+    if spec.is_distributed:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine.to_dict())
+        ranks = gathered
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    result = CaseResult.from_ranks(spec, [RankResult.from_dict(r) for r in ranks])
+    atomic_write_json(out / f"{spec.case_id}.case.json", result.to_dict())
 
 
 def _agree_max(spec: CaseSpec, device: torch.device) -> Callable[[float], float]:

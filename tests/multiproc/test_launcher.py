@@ -87,3 +87,25 @@ def test_oom_in_one_rank_fails_the_whole_case(
     err, elapsed = _fail(tmp_path, monkeypatch, "oom,rank=1,phase=measure,step=1")
     assert err.rank == 1 and "OutOfMemoryError" in str(err)
     assert elapsed < 60
+
+
+def test_two_suites_at_once_do_not_clash(tmp_path: Path, process_tag: str) -> None:
+    """Two cases rendezvous at the same time: a FileStore per case dir, no ports to race for."""
+    import threading
+
+    outcomes: dict[int, object] = {}
+
+    def one(index: int) -> None:
+        try:
+            outcomes[index] = run_case(
+                tiny_spec(world_size=2, steps=3), tmp_path / f"suite{index}", timeout_s=150
+            )
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=170)
+    assert all(isinstance(outcomes.get(i), list) and len(outcomes[i]) == 2 for i in range(2)), outcomes
