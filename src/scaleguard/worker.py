@@ -249,6 +249,9 @@ def rank_main(
         device = _device_for(spec, local_rank)
         if spec.is_distributed:
             status.set("init_process_group")
+            if parent_pid > 0 and sys.platform.startswith("linux"):
+                # single node: gloo's connections stay on loopback unless the user says otherwise
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
             backend = "nccl" if spec.device == "cuda" else "gloo"
             dist.init_process_group(
                 backend,
