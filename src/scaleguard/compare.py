@@ -156,16 +156,26 @@ def judge(
     step_text = f"step {_fmt_ms(new.summary.median_s)} vs {_fmt_ms(old.summary.median_s)} ({change:+.1%}"
     reasons: list[str] = []
     scaling = False
-    slower = change > thresholds.step and p_slower < thresholds.alpha
+    # within-run spread wider than the threshold: the samples cannot resolve such a change, and
+    # such cases (e.g. host-bound small batches on a GPU) also move most between runs
+    noise = max(new.summary.rel_iqr, old.summary.rel_iqr)
+    judgeable = noise <= thresholds.step
+    slower = judgeable and change > thresholds.step and p_slower < thresholds.alpha
     if slower:
         reasons.append(f"{step_text}, p={p_slower:.1g})")
     eff_new, eff_old = new.scaling_efficiency, old.scaling_efficiency
     eff_text = ""
     if eff_new is not None and eff_old is not None and new.world_size > 1:
         eff_text = f"efficiency {eff_old:.2f} -> {eff_new:.2f}"
-        if eff_old - eff_new > thresholds.efficiency and p_slower < thresholds.alpha:
-            scaling = ws1_status in (Status.OK, Status.IMPROVED, Status.NOISY)
-            label = "scaling regression: ws1 unchanged" if scaling else "ws1 changed too"
+        if judgeable and eff_old - eff_new > thresholds.efficiency and p_slower < thresholds.alpha:
+            scaling = ws1_status in (Status.OK, Status.IMPROVED)
+            label = (
+                "scaling regression: ws1 unchanged"
+                if scaling
+                else "ws1 too noisy to tell"
+                if ws1_status is Status.NOISY
+                else "ws1 changed too"
+            )
             if not slower:
                 reasons.append(f"{step_text}, p={p_slower:.1g})")
             reasons.append(f"{eff_text} ({label})")
@@ -183,6 +193,13 @@ def judge(
             reasons.append("measured while throttled: not judged")
         story = f"{new.case_id} {status.value}: " + "; ".join(reasons) + f"; {versions}"
         return Verdict(new.case_id, status, story, change, p_slower, ci, old, scaling)
+    if not judgeable:
+        story = (
+            f"{new.case_id} NOISY: {step_text}), but IQR/median is {new.summary.rel_iqr:.1%} "
+            f"now and {old.summary.rel_iqr:.1%} in the baseline, wider than the "
+            f"{thresholds.step:.0%} threshold: cannot judge"
+        )
+        return Verdict(new.case_id, Status.NOISY, story, change, p_slower, ci, old)
     if change < -thresholds.step and p_faster < thresholds.alpha:
         story = f"{new.case_id} IMPROVED: {step_text}, p={p_faster:.1g}); {versions}"
         return Verdict(new.case_id, Status.IMPROVED, story, change, p_faster, ci, old)

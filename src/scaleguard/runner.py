@@ -126,7 +126,10 @@ class PerfRunner:
         keep, skipped = [], []
         for case_id, result in self.results.items():
             verdict = self.verdicts.get(case_id)
-            too_wide = median_ci_halfwidth(result.step_s) > ctx.thresholds.step
+            step_threshold = thresholds_for(case_id, ctx.thresholds, ctx.per_case).step
+            too_wide = (
+                median_ci_halfwidth(result.step_s) > step_threshold or result.summary.rel_iqr > step_threshold
+            )
             if too_wide or result.throttled or (verdict is not None and verdict.status is Status.NOISY):
                 skipped.append(case_id)
             else:

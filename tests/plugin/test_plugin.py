@@ -18,7 +18,6 @@ from tests.conftest import TAG_ENV, tagged_pids
 
 pytestmark = pytest.mark.timeout(300)
 
-PERF_TEST = (Path(__file__).parents[2] / "perf" / "test_train_step.py").read_text()
 FAST = [
     "--perf-models",
     "transformer_tiny",
@@ -31,12 +30,6 @@ FAST = [
     "-p",
     "no:cacheprovider",
 ]
-
-
-@pytest.fixture
-def suite(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(test_train_step=PERF_TEST)
-    return pytester
 
 
 def test_benchmark_save_holds_the_measured_per_step_samples(
@@ -129,31 +122,34 @@ def test_under_xdist_perf_cases_skip_with_the_reason(suite: pytest.Pytester) -> 
     result.assert_outcomes(skipped=1)
 
 
-def test_ctrl_c_during_a_case_leaves_no_process(suite: pytest.Pytester, process_tag: str) -> None:
-    env = dict(os.environ, **{FAULT_ENV: "hang,rank=0,phase=measure,step=0", TAG_ENV: process_tag})
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *FAST,
-            "--perf-modes",
-            "ddp",
-            "--perf-world-sizes",
-            "2",
-            "--perf-timeout",
-            "120",
-        ],
-        cwd=suite.path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 90
+def test_ctrl_c_during_a_case_leaves_no_process_and_no_baseline(
+    suite: pytest.Pytester, tmp_path: Path, process_tag: str
+) -> None:
+    # ws1 cases finish (results exist), then rank 1 of ws2 hangs and the user presses Ctrl-C
+    env = dict(os.environ, **{FAULT_ENV: "hang,rank=1,phase=measure,step=0", TAG_ENV: process_tag})
+    baselines = tmp_path / "baselines"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *FAST,
+        "--perf-modes",
+        "single,ddp",
+        "--perf-timeout",
+        "120",
+        f"--perf-baselines={baselines}",
+        "--perf-update-baselines",
+        "--perf-threshold-step",
+        "0.9",
+    ]
+    proc = subprocess.Popen(cmd, cwd=suite.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(tagged_pids(process_tag)) < 3:
-        time.sleep(0.5)  # pytest and both ranks alive
+        time.sleep(0.5)  # pytest and both ws2 ranks alive
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
+    assert "interrupted: baselines not updated" in out.decode()
+    assert not baselines.exists() or not list(baselines.iterdir())
     assert not tagged_pids(process_tag)

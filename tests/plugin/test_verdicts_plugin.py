@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from scaleguard.faults import FAULT_ENV
-from tests.plugin.test_plugin import PERF_TEST
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -32,12 +31,6 @@ ARGS = [
     "-p",
     "no:cacheprovider",
 ]
-
-
-@pytest.fixture
-def suite(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(test_train_step=PERF_TEST)
-    return pytester
 
 
 def test_slowed_allreduce_is_a_scaling_regression_at_ws2_only(
