@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from scaleguard.cli import main as cli_main
 from scaleguard.faults import FAULT_ENV
 from tests.conftest import TAG_ENV, tagged_pids
 
@@ -83,6 +84,10 @@ def test_benchmark_save_holds_the_measured_per_step_samples(
     )
     assert compare.returncode == 0, compare.stderr
     assert "transformer_tiny-ddp-ws2-fp32-strong" in compare.stdout
+    # our own compare reads the same file (raw samples kept in extra_info): a run against itself
+    md = tmp_path / "self.md"
+    assert cli_main(["compare", str(saved), str(saved), "--markdown", str(md)]) == 0
+    assert "| transformer_tiny-ddp-ws2-fp32-strong |" in md.read_text() and "REGRESSED" not in md.read_text()
 
 
 def test_ids_select_with_k(suite: pytest.Pytester) -> None:

@@ -73,6 +73,14 @@ def test_too_noisy_to_judge_is_noisy() -> None:
     assert verdict.status is Status.NOISY and "cannot judge" in verdict.story
 
 
+def test_wide_spread_is_noisy_even_for_a_large_shift_but_memory_still_counts() -> None:
+    noisy_new, noisy_old = record(median=0.13, spread=0.01, seed=1), record(spread=0.01)
+    verdict = judge(noisy_new, noisy_old, Thresholds())
+    assert verdict.status is Status.NOISY and "IQR/median" in verdict.story
+    bigger = CaseRecord(**{**noisy_new.__dict__, "peak_mem_bytes": 2 * 2**30})
+    assert judge(bigger, noisy_old, Thresholds()).status is Status.REGRESSED
+
+
 def test_efficiency_drop_with_ws1_unchanged_is_a_scaling_regression() -> None:
     verdict = judge(
         record(median=0.104, eff=0.84, seed=1), record(eff=0.91), Thresholds(), ws1_status=Status.OK
