@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ing.add_argument("--hardware-key", help="default: cuda-<gpu>-x<largest world size> / cpu-<cpu>-<n>t")
     ing.add_argument("--baseline-torch", help="compare with this torch version's entries")
     ing.add_argument("--update-baselines", action="store_true")
+    ing.add_argument("--threshold-step", type=float, help="default: the suite's for the device")
     args = parser.parse_args(argv)
     if args.command == "ingest":
         try:
