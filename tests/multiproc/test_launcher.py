@@ -109,3 +109,8 @@ def test_two_suites_at_once_do_not_clash(tmp_path: Path, process_tag: str) -> No
     for thread in threads:
         thread.join(timeout=170)
     assert all(isinstance(outcomes.get(i), list) and len(outcomes[i]) == 2 for i in range(2)), outcomes
+
+
+def test_fsdp_two_ranks_through_the_same_loop(tmp_path: Path, process_tag: str) -> None:
+    ranks = run_case(tiny_spec(mode="fsdp", world_size=2, steps=3), tmp_path, timeout_s=150)
+    assert sorted(r.rank for r in ranks) == [0, 1] and all(len(r.step_s) == 3 for r in ranks)
