@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from scaleguard.baseline import hardware_key
+from scaleguard.env import host_fingerprint
 from scaleguard.faults import FAULT_ENV
 
 pytestmark = pytest.mark.timeout(400)
@@ -59,15 +61,17 @@ def test_slowed_allreduce_is_a_scaling_regression_at_ws2_only(
     assert "ws1-fp32-strong REGRESSED" not in out
 
 
+def this_machines_baseline(tmp_path: Path) -> tuple[Path, Path]:
+    """The baseline directory and the file this machine's CPU runs (1 thread/rank) would use."""
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    return baselines, baselines / f"{hardware_key(host_fingerprint(), 'cpu', 1)}.json"
+
+
 def test_corrupt_baseline_stops_with_the_file_named_and_left_alone(
     suite: pytest.Pytester, tmp_path: Path
 ) -> None:
-    baselines = tmp_path / "baselines"
-    baselines.mkdir()
-    from scaleguard.baseline import hardware_key
-    from scaleguard.env import host_fingerprint
-
-    path = baselines / f"{hardware_key(host_fingerprint(), 'cpu', 1)}.json"
+    baselines, path = this_machines_baseline(tmp_path)
     path.write_text('{"schema_version": 1, "hardware_key": "x", "cases": {')
     before = path.read_bytes()
     result = suite.runpytest_subprocess(*ARGS, f"--perf-baselines={baselines}", "--perf-update-baselines")
@@ -79,12 +83,7 @@ def test_corrupt_baseline_stops_with_the_file_named_and_left_alone(
 def test_foreign_hardware_baseline_is_new_and_never_overwritten(
     suite: pytest.Pytester, tmp_path: Path
 ) -> None:
-    baselines = tmp_path / "baselines"
-    baselines.mkdir()
-    from scaleguard.baseline import hardware_key
-    from scaleguard.env import host_fingerprint
-
-    path = baselines / f"{hardware_key(host_fingerprint(), 'cpu', 1)}.json"
+    baselines, path = this_machines_baseline(tmp_path)
     path.write_text(
         json.dumps({"schema_version": 1, "hardware_key": "cuda-nvidia-h200-x1", "hardware": {}, "cases": {}})
     )
