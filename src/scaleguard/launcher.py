@@ -12,6 +12,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -129,7 +130,9 @@ def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFail
     )
 
 
-def run_case(spec: CaseSpec, run_dir: Path, timeout_s: float) -> list[RankResult]:
+def run_case(
+    spec: CaseSpec, run_dir: Path, timeout_s: float, on_tick: Callable[[], None] = lambda: None
+) -> list[RankResult]:
     """Run one case to completion or failure; no process outlives this call.
 
     Raises:
@@ -149,14 +152,21 @@ def run_case(spec: CaseSpec, run_dir: Path, timeout_s: float) -> list[RankResult
             )
             proc.start()
             procs.append(proc)
-        _wait(spec, run_dir, procs, deadline=time.monotonic() + timeout_s, timeout_s=timeout_s)
+        _wait(spec, run_dir, procs, time.monotonic() + timeout_s, timeout_s, on_tick)
     finally:
         # also on KeyboardInterrupt: Ctrl-C during a case leaves no rank behind
         reap(procs)
     return _collect(spec, run_dir)
 
 
-def _wait(spec: CaseSpec, run_dir: Path, procs: list[BaseProcess], deadline: float, timeout_s: float) -> None:
+def _wait(
+    spec: CaseSpec,
+    run_dir: Path,
+    procs: list[BaseProcess],
+    deadline: float,
+    timeout_s: float,
+    on_tick: Callable[[], None],
+) -> None:
     pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     while pending:
         remaining = deadline - time.monotonic()
@@ -173,6 +183,7 @@ def _wait(spec: CaseSpec, run_dir: Path, procs: list[BaseProcess], deadline: flo
                 activity,
             )
         ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, 1.0))
+        on_tick()  # e.g. GPU readings while the ranks run; must not block
         exits: list[_Exit] = []
         for sentinel in ready:
             assert isinstance(sentinel, int)

@@ -98,3 +98,38 @@ def throttle_reasons(*snapshots: tuple[GpuState, ...] | None) -> list[str]:
         for state in states or ():
             seen += [f"gpu{state.index}: {r}" for r in state.reasons if r in THROTTLING]
     return sorted(set(seen))
+
+
+class CaseMonitor:
+    """Samples the case's GPUs about once a second while its ranks run, so a throttle that
+    starts and ends inside the case is seen too (before/after readings alone would miss it)."""
+
+    def __init__(self, device_count: int, period_s: float = 1.0) -> None:
+        self.device_count = device_count
+        self.period_s = period_s
+        self.samples: list[tuple[GpuState, ...]] = []
+        self._last = float("-inf")
+
+    def tick(self) -> None:
+        import time
+
+        now = time.monotonic()
+        if self.device_count <= 0 or now - self._last < self.period_s:
+            return
+        self._last = now
+        states = snapshot(self.device_count)
+        if states is not None:
+            self.samples.append(states)
+
+    def summary(self) -> dict[str, Any]:
+        """Lowest SM clock, highest temperature and power, and every reason seen."""
+        flat = [state for states in self.samples for state in states]
+        if not flat:
+            return {}
+        return {
+            "samples": len(self.samples),
+            "min_sm_clock_mhz": min(s.sm_clock_mhz for s in flat),
+            "max_temperature_c": max(s.temperature_c for s in flat),
+            "max_power_w": max(s.power_w for s in flat),
+            "reasons": sorted({r for s in flat for r in s.reasons}),
+        }

@@ -67,24 +67,26 @@ class PerfRunner:
     def run(self, spec: CaseSpec) -> CaseResult:
         gpus = spec.world_size if spec.device == "cuda" else 0
         before = machine_state.snapshot(gpus)
+        monitor = machine_state.CaseMonitor(gpus)
         try:
-            ranks = launcher.run_case(spec, self.base_dir / spec.case_id, self.timeout_s)
+            ranks = launcher.run_case(spec, self.base_dir / spec.case_id, self.timeout_s, monitor.tick)
         except launcher.CaseFailedError as exc:
             self.failures[spec.case_id] = exc.reason
             raise
         after = machine_state.snapshot(gpus)
         result = CaseResult.from_ranks(spec, ranks).with_reference(self.reference_for(spec))
-        if before is not None or after is not None:
-            reasons = machine_state.throttle_reasons(before, after)
+        if before is not None or after is not None or monitor.samples:
+            reasons = machine_state.throttle_reasons(before, after, *monitor.samples)
             result = replace(
                 result,
                 machine_state={
                     "before": [s.to_dict() for s in before or ()],
+                    "during": monitor.summary(),
                     "after": [s.to_dict() for s in after or ()],
                 },
                 throttled=bool(reasons),
                 notes=result.notes
-                + ((f"GPU throttled around the case: {', '.join(reasons)}",) if reasons else ()),
+                + ((f"GPU throttled during the case: {', '.join(reasons)}",) if reasons else ()),
             )
         self.results[spec.case_id] = result
         return result

@@ -54,3 +54,13 @@ def test_no_nvml_or_no_gpu_gives_no_readings(monkeypatch: pytest.MonkeyPatch) ->
     assert machine_state.snapshot(0) is None
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
     assert machine_state.snapshot(1) is None
+
+
+def test_case_monitor_catches_a_throttle_between_before_and_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0x4))  # power capped mid-case
+    monitor = machine_state.CaseMonitor(1, period_s=0.0)
+    monitor.tick()
+    monitor.tick()
+    assert monitor.summary()["reasons"] == ["sw_power_cap"] and monitor.summary()["samples"] == 2
+    assert machine_state.throttle_reasons(None, None, *monitor.samples) == ["gpu0: sw_power_cap"]
+    assert machine_state.CaseMonitor(0).summary() == {}
