@@ -228,6 +228,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for planned in state.planned():
         reason = serial_reason or planned.skip_reason
         marks = [pytest.mark.perf] + ([pytest.mark.skip(reason=reason)] if reason else [])
+        if metafunc.config.pluginmanager.hasplugin("timeout"):
+            # --perf-timeout is the case's deadline; pytest-timeout must not cut in before it
+            marks.append(pytest.mark.timeout(state.timeout_s() + 60))
         params.append(pytest.param(planned.spec, id=planned.spec.case_id, marks=marks))
     metafunc.parametrize("perf_case", params)
 
