@@ -30,10 +30,17 @@ class BaselineError(RuntimeError):
     """A baseline file exists but cannot be used; the message names the file and the fix."""
 
 
-def hardware_key(host: HostFingerprint, device: str, threads_per_rank: int) -> str:
+def hardware_key(
+    device: str, gpu_name: str | None, gpu_count: int, cpu_model: str, threads_per_rank: int
+) -> str:
+    """``cuda-<gpu model>-x<count>`` or ``cpu-<cpu model>-<threads per rank>t``."""
     if device == "cuda":
-        return f"cuda-{slug(host.gpu_name or 'unknown-gpu')}-x{host.gpu_count}"
-    return f"cpu-{slug(host.cpu_model)}-{threads_per_rank}t"
+        return f"cuda-{slug(gpu_name or 'unknown-gpu')}-x{gpu_count}"
+    return f"cpu-{slug(cpu_model)}-{threads_per_rank}t"
+
+
+def host_hardware_key(host: HostFingerprint, device: str, threads_per_rank: int) -> str:
+    return hardware_key(device, host.gpu_name, host.gpu_count, host.cpu_model, threads_per_rank)
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,6 @@ def ingest(
     import tempfile
 
     from scaleguard import report
-    from scaleguard.env import slug
     from scaleguard.records import CaseResult
     from scaleguard.runner import BaselineContext, PerfRunner
 
@@ -197,11 +196,13 @@ def ingest(
     results.sort(key=lambda r: (r.spec.group_id, r.spec.world_size))
     first = results[0]
     if hardware_key is None:
-        biggest = max(r.spec.world_size for r in results)
-        hardware_key = (
-            f"cuda-{slug(first.device_name)}-x{biggest}"
-            if first.spec.device == "cuda"
-            else f"cpu-{slug(first.device_name)}-{first.settings['threads_per_rank']}t"
+        # a torchrun job's hardware is its whole world: nodes x GPUs
+        hardware_key = baseline.hardware_key(
+            first.spec.device,
+            first.device_name,
+            max(r.spec.world_size for r in results),
+            first.device_name,
+            int(first.settings["threads_per_rank"]),
         )
     path = baselines_dir / f"{hardware_key}.json"
     ctx = BaselineContext(

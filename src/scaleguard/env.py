@@ -57,6 +57,7 @@ def _nvidia_smi_names() -> tuple[str, ...] | None:
     return names
 
 
+@functools.cache
 def gpu_inventory() -> GpuInventory:
     """Visible CUDA devices. ``torch.cuda.device_count`` asks NVML and creates no context."""
     if not torch.cuda.is_available():
@@ -84,17 +85,29 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-_PROBE = """
-import json, torch, torch.distributed as dist
-info = {"cuda": torch.version.cuda, "cudnn": None, "nccl": None, "names": []}
-if torch.cuda.is_available():
-    info["cudnn"] = str(torch.backends.cudnn.version())
-    info["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    if dist.is_available() and dist.is_nccl_available():
-        v = torch.cuda.nccl.version()
-        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-print(json.dumps(info))
-"""
+def runtime_versions(with_names: bool = False) -> dict[str, Any]:
+    """torch/CUDA/cuDNN/NCCL versions (and GPU names) as this process sees them.
+
+    May initialise CUDA: call it in ranks or in the probe child, never in the pytest process.
+    """
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "nccl": None,
+    }
+    if torch.cuda.is_available():
+        if torch.backends.cudnn.is_available():
+            info["cudnn"] = str(torch.backends.cudnn.version())
+        if dist.is_available() and dist.is_nccl_available():
+            version = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        if with_names:
+            info["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+_PROBE = "import json; from scaleguard.env import runtime_versions; print(json.dumps(runtime_versions(True)))"
 
 
 @functools.cache

@@ -147,11 +147,19 @@ def synthetic_batch(model: ModelDef, batch: int, device: torch.device, generator
 
 
 def synthetic_batches(
-    model: ModelDef, batch: int, device: torch.device, seed: int, distinct: int = 4
+    model: ModelDef,
+    batch: int,
+    device: torch.device,
+    seed: int,
+    distinct: int = 4,
+    channels_last: bool = False,
 ) -> Iterator[Batch]:
-    """Cycle over a few distinct resident batches: random data, never zeros, no copies per step."""
+    """Cycle over a few distinct resident batches: random data, never zeros, no copies per step
+    (image batches are laid out channels_last here, once, when the model runs that way)."""
     generator = torch.Generator().manual_seed(seed)
     pool = [synthetic_batch(model, batch, device, generator) for _ in range(distinct)]
+    if channels_last and model.kind == "image":
+        pool = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in pool]
     return itertools.cycle(pool)
 
 

@@ -126,7 +126,7 @@ class PerfState:
 
         spec = self.planned()[0].spec
         host = host_fingerprint()
-        key = baseline.hardware_key(host, spec.device, spec.settings.threads_per_rank)
+        key = baseline.host_hardware_key(host, spec.device, spec.settings.threads_per_rank)
         directory = Path(self.option("baselines") or self.config.rootpath / "baselines")
         path = directory / f"{key}.json"
         try:

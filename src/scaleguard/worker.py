@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import itertools
 import os
 import resource
 import signal
@@ -25,7 +26,7 @@ from torch import nn
 
 from scaleguard import timing
 from scaleguard.case import CaseSpec
-from scaleguard.env import cpu_model
+from scaleguard.env import cpu_model, runtime_versions
 from scaleguard.faults import FaultSpec
 from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, synthetic_batches
 from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
@@ -158,7 +159,17 @@ def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) ->
             spec.settings.loader_workers,
             spec.settings.data_root,
         )
-    return synthetic_batches(mdef, spec.per_rank_batch, device, seed)
+    return synthetic_batches(
+        mdef, spec.per_rank_batch, device, seed, channels_last=spec.settings.channels_last
+    )
+
+
+def _nan_poison(fault: FaultSpec | None, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Identity, or (fault ``nan``) a loss turned NaN from step ``fault.step`` on."""
+    if fault is None or fault.kind != "nan" or fault.rank not in (None, rank):
+        return lambda loss: loss
+    calls = itertools.count()
+    return lambda loss: loss * float("nan") if next(calls) >= fault.step else loss
 
 
 def build_train_step(
@@ -180,37 +191,24 @@ def build_train_step(
     loss_fn = nn.CrossEntropyLoss()
     batches = _batches(mdef, spec, device, rank)
     dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
-    poison = fault is not None and fault.kind == "nan"
-    calls = {"n": 0}
+    # synthetic batches are laid out once when built; loader batches arrive NCHW every step,
+    # and converting them is part of the input pipeline being measured
+    convert = channels_last and spec.inputs == "loader"
+    poison = _nan_poison(fault, rank)
 
     def step() -> torch.Tensor:
         inputs, targets = next(batches)
-        if channels_last:
+        if convert:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
             loss = loss_fn(model(inputs), targets)
-        if poison and fault is not None and fault.rank in (None, rank) and calls["n"] >= fault.step:
-            loss = loss * float("nan")
-        calls["n"] += 1
+        loss = poison(loss)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
     return step
-
-
-def _runtime() -> dict[str, str | None]:
-    nccl: str | None = None
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        version = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
-        "nccl": nccl,
-    }
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
@@ -305,7 +303,7 @@ def rank_main(
             peak_mem_bytes=peak,
             mem_kind=mem_kind,
             device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()),
-            runtime=_runtime(),
+            runtime=runtime_versions(),
             settings=settings,
         )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.baseline import hardware_key
+from scaleguard.baseline import host_hardware_key
 from scaleguard.env import host_fingerprint
 from scaleguard.faults import FAULT_ENV
 
@@ -65,7 +65,7 @@ def this_machines_baseline(tmp_path: Path) -> tuple[Path, Path]:
     """The baseline directory and the file this machine's CPU runs (1 thread/rank) would use."""
     baselines = tmp_path / "baselines"
     baselines.mkdir()
-    return baselines, baselines / f"{hardware_key(host_fingerprint(), 'cpu', 1)}.json"
+    return baselines, baselines / f"{host_hardware_key(host_fingerprint(), 'cpu', 1)}.json"
 
 
 def test_corrupt_baseline_stops_with_the_file_named_and_left_alone(
