@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,26 @@ ENTRY = [
     "--threads-per-rank",
     "1",
 ]
+
+
+STORE_SERVER = """
+import sys, time, datetime
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                 timeout=datetime.timedelta(seconds=300))
+time.sleep(300)  # killed by the test when the nodes are done
+"""
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes], deadline_s: float = 60) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the rendezvous store did not listen on {port} within {deadline_s} s")
 
 
 def torchrun() -> list[str]:
@@ -73,7 +94,13 @@ def test_single_node_two_ranks(tmp_path: Path, process_tag: str) -> None:
 def test_two_local_nodes_with_c10d_rendezvous_then_ingest(
     tmp_path: Path, process_tag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    endpoint = f"127.0.0.1:{free_port()}"
+    # the rendezvous store lives in its own process, as on a cluster's head service: when the
+    # store lives inside node 0's agent and node 0 finishes first, node 1's agent loses the store
+    # while it is still watching it and exits non-zero after the work is done (seen here)
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    store = subprocess.Popen([sys.executable, "-c", STORE_SERVER, str(port)])
+    wait_listening(port, store)
     nodes = [
         subprocess.Popen(
             [
@@ -103,8 +130,9 @@ def test_two_local_nodes_with_c10d_rendezvous_then_ingest(
     try:
         outputs = [node.communicate(timeout=240)[0] for node in nodes]
     finally:
-        for node in nodes:
-            node.kill()
+        for proc in [*nodes, store]:
+            proc.kill()
+            proc.wait(timeout=30)
     assert all(node.returncode == 0 for node in nodes), "\n".join(o[-2000:] for o in outputs)
     record_dir = next(
         d for d in (tmp_path / "node0", tmp_path / "node1") if (d / f"{CASE}.case.json").exists()
