@@ -1,29 +1,41 @@
-"""Baselines on disk: one versioned JSON file per hardware fingerprint, entries per case and torch.
+"""Baselines on disk: one versioned JSON file per hardware fingerprint; per case and torch
+version, the last K accepted runs.
 
-File ``baselines/<hardware key>.json``::
+File ``baselines/<hardware key>.json`` (schema 2)::
 
-    {"schema_version": 1, "hardware_key": "cuda-nvidia-h200-x1", "hardware": {...},
-     "cases": {"<case id>": {"<torch version>": {<CaseRecord>}, ...}, ...}}
+    {"schema_version": 2, "hardware_key": "cuda-nvidia-h200-x1", "hardware": {...},
+     "cases": {"<case id>": {"<torch version>": {<CaseEvidence: config, versions, runs>}}}}
 
 The hardware key holds what makes numbers incomparable: the device model and count for CUDA
-(NCCL), the CPU model and threads per rank for CPU (gloo). Files are parsed as JSON data only,
-and written atomically; a file that cannot be read is reported and never rewritten.
+(NCCL), the CPU model and threads per rank for CPU (gloo). Files are parsed as JSON data only
+and validated field by field; a file that cannot be used is reported and never rewritten.
+Updates take an exclusive lock, re-read the file and merge into what is there *now*, so two
+sessions updating one file both keep their entries.
 """
 
 from __future__ import annotations
 
-import datetime
+import contextlib
+import errno
+import fcntl
 import json
+import os
+import re
 import subprocess
-from dataclasses import asdict, dataclass, field
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scaleguard.env import HostFingerprint, slug
-from scaleguard.records import CaseResult, atomic_write_json
-from scaleguard.stats import StepSummary
+from scaleguard.evidence import CaseEvidence
+from scaleguard.records import Fields, FileFormatError, atomic_write_text, read_document
+from scaleguard.schema import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
+DEFAULT_KEEP_RUNS = 10
+LOCK_TIMEOUT_S = 120.0
+_FIX = "restore it from version control (git checkout -- FILE) or move it aside to record a new one"
 
 
 class BaselineError(RuntimeError):
@@ -43,130 +55,44 @@ def host_hardware_key(host: HostFingerprint, device: str, threads_per_rank: int)
     return hardware_key(device, host.gpu_name, host.gpu_count, host.cpu_model, threads_per_rank)
 
 
-@dataclass(frozen=True)
-class CaseRecord:
-    """One case's measurement in comparable form: from a live run, a baseline or a saved run."""
-
-    case_id: str
-    group_id: str
-    world_size: int
-    config: dict[str, Any]  # what must match for two records to be compared
-    step_s: tuple[float, ...]  # raw slowest-rank step times, for the statistical test
-    summary: StepSummary
-    samples_per_s: float
-    speedup: float | None
-    scaling_efficiency: float | None
-    peak_mem_bytes: int
-    versions: dict[str, str | None]  # torch/cuda/cudnn/nccl
-    recorded_at: str = ""
-    commit: str | None = None
-    throttled: bool = False
-    schema_version: int = SCHEMA_VERSION
-
-    @property
-    def torch(self) -> str:
-        return self.versions.get("torch") or "unknown"
-
-    @classmethod
-    def from_result(cls, result: CaseResult, commit: str | None = None) -> CaseRecord:
-        spec = result.spec
-        return cls(
-            case_id=spec.case_id,
-            group_id=spec.group_id,
-            world_size=spec.world_size,
-            config=config_of(spec.to_dict()),
-            step_s=result.step_s,
-            summary=result.summary,
-            samples_per_s=result.samples_per_s,
-            speedup=result.speedup,
-            scaling_efficiency=result.scaling_efficiency,
-            peak_mem_bytes=max(result.peak_mem_bytes),
-            versions=dict(result.runtime),
-            recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            commit=commit,
-            throttled=result.throttled,
-        )
-
-    @classmethod
-    def from_benchmark(
-        cls, bench: dict[str, Any], machine_info: dict[str, Any], commit: str | None
-    ) -> CaseRecord:
-        """From one entry of a pytest-benchmark ``--benchmark-save`` JSON written by scaleguard."""
-        info = bench["extra_info"]
-        samples = tuple(info.get("step_s") or bench["stats"].get("data") or ())
-        if not samples:
-            raise BaselineError(f"{bench.get('name')}: no per-step samples saved")
-        return cls(
-            case_id=info["case_id"],
-            group_id=info["group_id"],
-            world_size=info["world_size"],
-            config=info["config"],
-            step_s=samples,
-            summary=StepSummary.of(samples),
-            samples_per_s=info["samples_per_s"],
-            speedup=info.get("speedup"),
-            scaling_efficiency=info.get("scaling_efficiency"),
-            peak_mem_bytes=max(info["peak_mem_bytes"]),
-            versions=dict(info.get("runtime") or {"torch": machine_info.get("torch_version")}),
-            recorded_at=str(machine_info.get("datetime", "")),
-            commit=commit,
-            throttled=bool(info.get("throttled", False)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["summary"] = self.summary.to_dict()
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CaseRecord:
-        fields = dict(data)
-        fields["step_s"] = tuple(fields["step_s"])
-        fields["summary"] = StepSummary.from_dict(fields["summary"])
-        return cls(**fields)
-
-
-def config_of(spec: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a case that change what is measured (not how long it is measured)."""
-    settings = spec["settings"]
-    return {
-        "model": spec["model"],
-        "mode": spec["mode"],
-        "world_size": spec["world_size"],
-        "precision": spec["precision"],
-        "scaling": spec["scaling"],
-        "inputs": spec["inputs"],
-        "device": spec["device"],
-        "profile": spec["profile"],
-        "global_batch": spec["global_batch"],
-        "threads_per_rank": settings["threads_per_rank"],
-        "channels_last": settings["channels_last"],
-        "cudnn_benchmark": settings["cudnn_benchmark"],
-        "allow_tf32": settings["allow_tf32"],
-    }
-
-
 @dataclass
 class BaselineFile:
     path: Path
     hardware_key: str
     hardware: dict[str, Any]
-    cases: dict[str, dict[str, CaseRecord]] = field(default_factory=dict)
+    cases: dict[str, dict[str, CaseEvidence]] = field(default_factory=dict)
+    migrated_from: int | None = None  # schema of the file on disk, when older than ours
 
-    def entry(self, case_id: str, torch_version: str | None) -> CaseRecord | None:
-        """The record for ``case_id``: of ``torch_version`` if given, else the newest recorded."""
+    def entry(self, case_id: str, torch_version: str | None) -> CaseEvidence | None:
+        """The entry for ``case_id``: of ``torch_version`` if given, else the newest recorded."""
         by_torch = self.cases.get(case_id, {})
         if torch_version is not None:
             return by_torch.get(torch_version)
         if not by_torch:
             return None
-        return max(by_torch.values(), key=lambda r: r.recorded_at)
+        return max(by_torch.values(), key=lambda e: max(r.recorded_at for r in e.runs))
 
-    def merged(self, records: list[CaseRecord]) -> BaselineFile:
-        """A copy with ``records`` added or replaced (per case and torch); others untouched."""
+    def merged(
+        self,
+        additions: Iterable[CaseEvidence],
+        restart: frozenset[str] = frozenset(),
+        keep: int = DEFAULT_KEEP_RUNS,
+    ) -> BaselineFile:
+        """A copy with ``additions``' runs appended per case and torch version (the oldest
+        dropped beyond ``keep``); other cases and torch versions untouched.
+
+        An entry starts afresh (its old runs dropped) when the configuration changed or the case
+        is in ``restart`` (a deliberate new level: an accepted regression, a real improvement).
+        """
         cases = {cid: dict(by_torch) for cid, by_torch in self.cases.items()}
-        for record in records:
-            cases.setdefault(record.case_id, {})[record.torch] = record
+        for add in additions:
+            by_torch = cases.setdefault(add.case_id, {})
+            old = by_torch.get(add.torch)
+            runs = list(add.runs)
+            if old is not None and old.config == add.config and add.case_id not in restart:
+                seen = {r.run_id for r in add.runs}
+                runs = [r for r in old.runs if r.run_id not in seen] + runs
+            by_torch[add.torch] = add.with_runs(runs[-keep:])
         return BaselineFile(self.path, self.hardware_key, self.hardware, cases)
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,58 +101,126 @@ class BaselineFile:
             "hardware_key": self.hardware_key,
             "hardware": self.hardware,
             "cases": {
-                cid: {tv: rec.to_dict() for tv, rec in sorted(by_torch.items())}
+                cid: {tv: entry.to_dict() for tv, entry in sorted(by_torch.items())}
                 for cid, by_torch in sorted(self.cases.items())
             },
         }
 
-    def save(self) -> None:
-        atomic_write_json(self.path, self.to_dict())
+    def to_text(self) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        # one line per sample list: a 10-run baseline stays reviewable in a diff
+        return (
+            re.sub(
+                r"\[\s+((?:-?[\d.e+-]+,\s+)*-?[\d.e+-]+)\s+\]",
+                lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]",
+                text,
+            )
+            + "\n"
+        )
 
 
 def load(path: Path) -> BaselineFile | None:
-    """Read a baseline file; ``None`` when there is none.
+    """Read and validate a baseline file; ``None`` when there is none. Schema 1 loads as one
+    run per entry (``migrated_from`` says so) and is written back as schema 2 on update.
 
     Raises:
         BaselineError: the file is unreadable, not JSON, of another schema, or malformed.
     """
     if not path.exists():
         return None
+    fix = _FIX.replace("FILE", str(path))
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"baseline {path}: cannot be read: {exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(
-            f"baseline {path}: corrupt or truncated JSON ({exc.msg} at line {exc.lineno}, column "
-            f"{exc.colno}). The file was left as it is; restore it from git "
-            f"(git checkout -- {path}) or move it aside to record a new one."
-        ) from exc
-    if not isinstance(data, dict):
-        raise BaselineError(f"baseline {path}: expected a JSON object, found {type(data).__name__}")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        newer = isinstance(version, int) and version > SCHEMA_VERSION
-        hint = (
-            "it was written by a newer scaleguard: upgrade scaleguard (pip install -U scaleguard)"
-            if newer
-            else "move it aside and re-record with --perf-update-baselines"
+        data = read_document(path, "baseline", fix)
+        top = Fields.of(data, f"baseline {path}", fix)
+        version = top.integer("schema_version", 1, SCHEMA_VERSION)
+        cases: dict[str, dict[str, CaseEvidence]] = {}
+        all_cases = top.obj("cases")
+        for case_id in all_cases.data:
+            by_torch = all_cases.obj(case_id)
+            cases[case_id] = {}
+            for torch_version, raw in by_torch.data.items():
+                where = f"baseline {path}, case {case_id}, torch {torch_version}"
+                entry = (
+                    CaseEvidence.from_schema1(raw, where, fix)
+                    if version == 1
+                    else CaseEvidence.from_dict(raw, where, fix)
+                )
+                if entry.case_id != case_id:
+                    raise FileFormatError(f"{where}: holds case {entry.case_id!r}; {fix}")
+                cases[case_id][torch_version] = entry
+        return BaselineFile(
+            path,
+            top.string("hardware_key"),
+            top.raw_dict("hardware"),
+            cases,
+            migrated_from=version if version != SCHEMA_VERSION else None,
         )
-        raise BaselineError(
-            f"baseline {path}: schema_version {version!r}, but this scaleguard reads {SCHEMA_VERSION}; {hint}"
-        )
+    except FileFormatError as exc:
+        raise BaselineError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Exclusive lock for updating ``path``: a sidecar ``.lock`` file (the baseline itself is
+    replaced by rename, so a lock on its inode would not exclude the next writer)."""
+    lock_path = path.with_name(f".{path.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        cases = {
-            cid: {tv: CaseRecord.from_dict(rec) for tv, rec in by_torch.items()}
-            for cid, by_torch in data["cases"].items()
-        }
-        return BaselineFile(path, str(data["hardware_key"]), dict(data["hardware"]), cases)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise BaselineError(
+                        f"baseline {path}: another scaleguard session has held {lock_path.name} "
+                        f"for {timeout_s:.0f} s; nothing was written. Run the update again when it ends."
+                    ) from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def update(
+    path: Path,
+    hardware_key: str,
+    hardware: dict[str, Any],
+    additions: list[CaseEvidence],
+    restart: frozenset[str] = frozenset(),
+    keep: int = DEFAULT_KEEP_RUNS,
+) -> BaselineFile:
+    """Merge ``additions`` into the file as it is on disk now, under the lock, atomically."""
+    with locked(path):
+        current = load(path)
+        if current is not None and current.hardware_key != hardware_key:
+            raise BaselineError(
+                f"{path} holds hardware {current.hardware_key}, this is {hardware_key}: "
+                "not overwritten; move it aside first"
+            )
+        if current is None:
+            current = BaselineFile(path, hardware_key, dict(hardware))
+        merged = current.merged(additions, restart, keep)
+        atomic_write_text(path, merged.to_text())
+        return merged
+
+
+def check_writable(directory: Path) -> None:
+    """Fail now, not after an hour of measuring, when the baseline cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".scaleguard-write-test-{os.getpid()}"
+        probe.write_bytes(b"x" * 4096)
+        probe.unlink()
+    except OSError as exc:
         raise BaselineError(
-            f"baseline {path}: malformed entry ({type(exc).__name__}: {exc}); the file was left as it is"
-        ) from exc
+            f"baselines directory {directory} is not writable ({exc.strerror or exc}); "
+            "fix its permissions or free space, or pass --perf-baselines DIR"
+        ) from None
 
 
 def git_commit(cwd: Path) -> str | None:

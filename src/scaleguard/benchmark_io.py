@@ -10,23 +10,30 @@ samples, so a change there fails our tests rather than silently corrupting resul
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from scaleguard.baseline import config_of
+from scaleguard.compare import Verdict
 from scaleguard.env import HostFingerprint
-from scaleguard.records import CaseResult
+from scaleguard.evidence import CaseEvidence, RunRecord, config_of
+from scaleguard.records import Fields, FileFormatError, RunResult, read_document
+from scaleguard.stats import StepSummary
 
 MODE_LABEL = "scaleguard: steps timed inside worker processes"
 
 
-def extra_info(result: CaseResult) -> dict[str, Any]:
-    spec = result.spec
-    return {
-        "scaleguard_schema": result.schema_version,
+def extra_info(results: list[RunResult], evidence: CaseEvidence, verdict: Verdict | None) -> dict[str, Any]:
+    last = results[-1]
+    spec = last.spec
+    info: dict[str, Any] = {
+        "scaleguard_schema": last.schema_version,
         "case_id": spec.case_id,
         "group_id": spec.group_id,
         "config": config_of(spec.to_dict()),
-        "step_s": list(result.step_s),  # raw samples: `scaleguard compare` tests on these
+        "versions": evidence.versions,
+        # every run of this session, steps included: `scaleguard compare` judges on these
+        "runs": [r.to_dict() for r in evidence.runs],
+        "run_spread": evidence.run_spread(),
         "model": spec.model,
         "mode": spec.mode,
         "world_size": spec.world_size,
@@ -37,39 +44,43 @@ def extra_info(result: CaseResult) -> dict[str, Any]:
         "device": spec.device,
         "global_batch": spec.global_batch,
         "per_rank_batch": spec.per_rank_batch,
-        "samples_per_s": result.samples_per_s,
-        "speedup": result.speedup,
-        "scaling_efficiency": result.scaling_efficiency,
-        "peak_mem_bytes": list(result.peak_mem_bytes),
-        "mem_kind": result.mem_kind,
-        "warmup_steps": result.warmup_steps,
-        "steady": result.steady,
-        "median_step_s": result.summary.median_s,
-        "iqr_step_s": result.summary.iqr_s,
-        "device_name": result.device_name,
-        "runtime": result.runtime,
-        "settings": result.settings,
-        "notes": list(result.notes),
-        "throttled": result.throttled,
-        "machine_state": result.machine_state,
+        "samples_per_s": evidence.samples_per_s(),
+        "scaling_efficiency": evidence.efficiency(),
+        "median_step_s": evidence.median_s(),
+        "device_name": last.device_name,
+        "runtime": last.runtime,
+        "settings": last.settings,
+        "notes": sorted({n for r in results for n in r.notes}),
+        "machine_state": [r.machine_state for r in results],
     }
+    if verdict is not None:
+        info["verdict"] = verdict.status.value
+        info["verdict_story"] = verdict.story
+    return info
 
 
-def record(benchmark: Any, result: CaseResult) -> None:
-    """Store ``result``'s slowest-rank step times as the benchmark's rounds."""
+def record(benchmark: Any, results: list[RunResult], evidence: CaseEvidence, verdict: Verdict | None) -> None:
+    """Store the case's measured steps (every run of this session, in order) as the
+    benchmark's rounds, and the runs themselves in ``extra_info``."""
     if getattr(benchmark, "disabled", False):
         return
     if getattr(benchmark, "_mode", None):
         raise RuntimeError(f"the benchmark fixture was already used in {benchmark._mode} mode")
     benchmark._mode = MODE_LABEL
     stats = benchmark._make_stats(1)  # one iteration per round: a round is one training step
-    for step_s in result.step_s:
-        stats.update(step_s)
-    benchmark.extra_info.update(extra_info(result))
+    for result in results:
+        for step_s in result.step_s:
+            stats.update(step_s)
+    benchmark.extra_info.update(extra_info(results, evidence, verdict))
 
 
 def update_machine_info(
-    machine_info: dict[str, Any], host: HostFingerprint, device: str, profile: str, threads_per_rank: int
+    machine_info: dict[str, Any],
+    host: HostFingerprint,
+    device: str,
+    profile: str,
+    threads_per_rank: int,
+    hardware_key: str,
 ) -> None:
     """Add what decides comparability: torch/CUDA/cuDNN/NCCL, GPUs, CPU, threads per rank."""
     machine_info["scaleguard"] = {
@@ -77,6 +88,7 @@ def update_machine_info(
         "device": device,
         "profile": profile,
         "threads_per_rank": threads_per_rank,
+        "hardware_key": hardware_key,
     }
     machine_info.update(
         {
@@ -89,4 +101,74 @@ def update_machine_info(
             "cpu_model": host.cpu_model,
             "threads_per_rank": threads_per_rank,
         }
+    )
+
+
+def is_saved_run(data: dict[str, Any]) -> bool:
+    return "benchmarks" in data and "machine_info" in data
+
+
+def read_saved_run(path: Path, data: dict[str, Any]) -> tuple[str | None, dict[str, CaseEvidence]]:
+    """The hardware key and the cases of a ``--benchmark-save`` JSON written by scaleguard.
+    Runs saved before schema 2 (steps, no runs) load as one run per case."""
+    fix = "pass a file written by pytest perf/ --benchmark-save=NAME"
+    top = Fields.of(data, f"saved run {path}", fix)
+    machine = top.raw_dict("machine_info")
+    raw_ours = machine.get("scaleguard")
+    ours: dict[str, Any] = raw_ours if isinstance(raw_ours, dict) else {}
+    key = ours.get("hardware_key") if isinstance(ours.get("hardware_key"), str) else None
+    if key is None and ours:
+        from scaleguard.baseline import hardware_key
+
+        key = hardware_key(
+            str(ours.get("device")), ours.get("gpu_name"), int(ours.get("gpu_count") or 0),
+            str(ours.get("cpu_model")), int(ours.get("threads_per_rank") or 0),
+        )  # fmt: skip
+    commit = (
+        (machine.get("commit_info") or {}).get("id") if isinstance(machine.get("commit_info"), dict) else None
+    )
+    cases: dict[str, CaseEvidence] = {}
+    for index, bench in enumerate(top.items("benchmarks")):
+        entry = Fields.of(bench, f"saved run {path}, benchmarks[{index}]", fix)
+        info_raw = entry.raw_dict("extra_info", optional=True)
+        if "case_id" not in info_raw:
+            continue  # some other benchmark in the same file
+        info = Fields(info_raw, f"{entry.where}.extra_info", fix)
+        where = f"{info.where} ({info_raw.get('case_id')})"
+        if "runs" in info_raw:
+            runs = tuple(
+                RunRecord.from_dict(r, f"{where}.runs[{i}]", fix) for i, r in enumerate(info.items("runs"))
+            )
+            if not runs:
+                raise FileFormatError(f"{where}: field 'runs' is empty; {fix}")
+        else:  # schema 1: the case's steps as one run
+            steps = info.samples("step_s")
+            runs = (
+                RunRecord(
+                    run_id=f"{path.stem}-{index}", session=path.stem,
+                    summary=StepSummary.of(steps), step_s=steps,
+                    samples_per_s=float(info.number("samples_per_s", 1e-12) or 0.0),
+                    peak_mem_bytes=max(int(x) for x in info.items("peak_mem_bytes") or [0]),
+                    scaling_efficiency=info.number("scaling_efficiency", 0.0, 1e3, optional=True),
+                    commit=commit, quarantine="throttled" if info.flag("throttled") else None,
+                ),
+            )  # fmt: skip
+        versions = info.raw_dict("versions", optional=True) or info.raw_dict("runtime", optional=True)
+        evidence = CaseEvidence(
+            case_id=info.string("case_id"),
+            group_id=info.string("group_id"),
+            world_size=int(info.integer("world_size", 1, 1_000_000) or 1),
+            config=info.raw_dict("config"),
+            versions=versions or {"torch": machine.get("torch_version")},
+            runs=runs,
+        )
+        cases[evidence.case_id] = evidence
+    if not cases:
+        raise FileFormatError(f"saved run {path}: a pytest-benchmark file without scaleguard cases; {fix}")
+    return key, cases
+
+
+def read_document_any(path: Path) -> dict[str, Any]:
+    return read_document(
+        path, "run or baseline file", "pass a saved run (--benchmark-save) or a baseline file"
     )

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
+from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 Mode = Literal["single", "dp", "ddp", "fsdp"]
 Precision = Literal["fp32", "bf16"]
@@ -94,8 +94,9 @@ class CaseSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"CaseSpec schema_version {version!r} is not {SCHEMA_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"CaseSpec schema_version {version!r} is not one of {READABLE_VERSIONS}")
         fields = dict(data)
         fields["settings"] = RunSettings(**fields["settings"])
+        fields["schema_version"] = SCHEMA_VERSION
         return cls(**fields)

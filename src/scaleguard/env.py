@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-SCHEMA_VERSION = 1
+from scaleguard.schema import SCHEMA_VERSION
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -95,15 +96,36 @@ def _read_status(run_dir: Path, rank: int) -> str:
         return "not started (no status written: still importing torch?)"
 
 
-def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFailedError:
-    """One error naming the first failing rank: earliest recorded failure, else first seen."""
-    failures = {e.rank: _read_failure(run_dir, e.rank) for e in exits}
+# a rank failing with one of these most likely saw a peer die mid-collective: it is a
+# consequence, not the cause, whatever the timing says
+_PEER_LOST = re.compile(
+    r"DistBackendError|DistNetworkError|Connection (closed|reset)|connection.*peer|recvBytes|"
+    r"sendBytes|Broken pipe|NCCL (error|communicator)|watchdog|ProcessGroup.*(abort|timeout)",
+    re.IGNORECASE,
+)
 
-    def when(e: _Exit) -> float:
+
+def _root_cause_rank(exits: list[_Exit], failures: dict[int, RankFailure | None]) -> _Exit:
+    """The rank that failed first *as a cause*: a rank that died (by signal, or by exiting
+    without an error file or a result) before one that raised, and a rank that raised on its
+    own before one whose collective lost a peer; within a class, the parent's own observation
+    time (rank-written times of a peer's error can precede the parent seeing a death)."""
+
+    def cause_class(e: _Exit) -> int:
         failure = failures[e.rank]
-        return failure.unix_time if failure is not None else e.seen_at
+        if failure is None:
+            return 0
+        if _PEER_LOST.search(f"{failure.exc_type}: {failure.message}"):
+            return 2
+        return 1
 
-    first = min(exits, key=when)
+    return min(exits, key=lambda e: (cause_class(e), e.seen_at))
+
+
+def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFailedError:
+    """One error naming the rank whose failure caused the others'."""
+    failures = {e.rank: _read_failure(run_dir, e.rank) for e in exits}
+    first = _root_cause_rank(exits, failures)
     failure = failures[first.rank]
     others = [e.rank for e in exits if e.rank != first.rank]
     tail = f"\n(ranks {others} failed after it)" if others else ""
@@ -122,6 +144,15 @@ def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFail
             f"{failure.exc_type}: {failure.message} (during '{failure.phase}')",
             failure.traceback + tail,
         )
+    if first.exitcode == 0:
+        return CaseFailedError(
+            spec.case_id,
+            first.rank,
+            f"missing result for rank {first.rank}: the process exited 0 without writing "
+            f"{worker.result_path(run_dir, first.rank).name} (last activity: "
+            f"'{_read_status(run_dir, first.rank)}')",
+            tail.strip(),
+        )
     return CaseFailedError(
         spec.case_id,
         first.rank,
@@ -139,14 +170,14 @@ def run_case(
         CaseFailedError: a rank raised, died, hung past ``timeout_s``, or left no result.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    init_method = (run_dir / "rendezvous.store").resolve().as_uri()
+    store_path = str((run_dir / "rendezvous.store").resolve())
     ctx = multiprocessing.get_context("spawn")
     procs: list[BaseProcess] = []
     try:
         for rank in range(spec.nprocs):
             proc = ctx.Process(
                 target=worker.rank_main,
-                args=(rank, spec, init_method, str(run_dir), os.getpid()),
+                args=(rank, spec, store_path, str(run_dir), os.getpid()),
                 name=f"scaleguard-{spec.case_id}-rank{rank}",
                 daemon=False,
             )
@@ -183,25 +214,34 @@ def _wait(
                 activity,
             )
         ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, 1.0))
+        seen_at = time.monotonic()  # the parent's own clock: when it saw each exit
         on_tick()  # e.g. GPU readings while the ranks run; must not block
-        exits: list[_Exit] = []
-        for sentinel in ready:
-            assert isinstance(sentinel, int)
-            rank = pending.pop(sentinel)
-            procs[rank].join(timeout=1.0)
-            code = procs[rank].exitcode
-            if code != 0:
-                exits.append(_Exit(rank, code if code is not None else -1, time.time()))
+        observed = [_exit_of(procs, pending.pop(s), run_dir, seen_at) for s in ready if isinstance(s, int)]
+        exits = [e for e in observed if e is not None]
         if exits:
-            # peers of a dead rank fail within moments; let them write so the first is known
+            # peers of a dead rank fail within moments; let them write so the cause is known
             for proc in procs:
-                proc.join(timeout=0.5 if proc.is_alive() else 0)
+                if proc.is_alive():
+                    proc.join(timeout=0.5)
+            later = time.monotonic()
+            known = {e.rank for e in exits}
             exits += [
-                _Exit(rank, p.exitcode, time.time())
-                for rank, p in enumerate(procs)
-                if p.exitcode not in (None, 0) and rank not in {e.rank for e in exits}
-            ]
+                e
+                for rank in range(len(procs))
+                if rank not in known and not procs[rank].is_alive()
+                and (e := _exit_of(procs, rank, run_dir, later)) is not None
+            ]  # fmt: skip
             raise _explain_exit(spec, run_dir, exits)
+
+
+def _exit_of(procs: list[BaseProcess], rank: int, run_dir: Path, seen_at: float) -> _Exit | None:
+    """The rank's exit as a failure, or None when it exited 0 with its result written."""
+    procs[rank].join(timeout=1.0)
+    code = procs[rank].exitcode
+    code = -1 if code is None else code
+    if code == 0 and worker.result_path(run_dir, rank).exists():
+        return None
+    return _Exit(rank, code, seen_at)
 
 
 def _collect(spec: CaseSpec, run_dir: Path) -> list[RankResult]:

@@ -1,9 +1,14 @@
-"""GPU clocks, temperature, power and throttle reasons around each case, read through NVML.
+"""GPU clocks, temperature, power and throttle reasons during each run, read through NVML.
 
 NVML (the ``nvidia-ml-py`` package, extra ``[gpu]``) answers without a CUDA context, so the
-pytest process can ask. Absent package or no GPU: no readings, and nothing is marked throttled.
-A case measured while the GPU slowed itself down is marked, and its slowdown is never judged a
-regression on that evidence alone.
+pytest process can ask. Absent package or no GPU: no readings, and nothing is quarantined.
+
+A run is *quarantined* (kept for the record, never evidence of a regression, measured again)
+when, during its measured steps, the GPU reported a hardware slowdown, a hardware power brake or
+a thermal slowdown, or its median SM clock was below ``LOW_CLOCK_FRACTION`` of the maximum.
+The SW power cap alone is recorded but does not quarantine: a busy GPU at its power limit sets
+it routinely (1-2 of 4 bs-256 fp32 cases per session on the H200) while running at full speed.
+NVBench likewise calls a GPU throttled by its clock (below 75 % of default), not by a bit.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ _REASONS = {
 THROTTLING = frozenset(
     {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
+# the subset that quarantines a run; sw_power_cap alone is recorded only
+QUARANTINING = THROTTLING - {"sw_power_cap"}
+LOW_CLOCK_FRACTION = 0.80
 
 
 @dataclass(frozen=True)
@@ -101,13 +109,14 @@ def throttle_reasons(*snapshots: tuple[GpuState, ...] | None) -> list[str]:
 
 
 class CaseMonitor:
-    """Samples the case's GPUs about once a second while its ranks run, so a throttle that
-    starts and ends inside the case is seen too (before/after readings alone would miss it)."""
+    """Samples the run's GPUs about once a second while its ranks run, so a throttle that
+    starts and ends inside the run is seen too (before/after readings alone would miss it)."""
 
     def __init__(self, device_count: int, period_s: float = 1.0) -> None:
         self.device_count = device_count
         self.period_s = period_s
         self.samples: list[tuple[GpuState, ...]] = []
+        self.times: list[float] = []  # unix time of each sample, to select the measured steps
         self._last = float("-inf")
 
     def tick(self) -> None:
@@ -120,6 +129,11 @@ class CaseMonitor:
         states = snapshot(self.device_count)
         if states is not None:
             self.samples.append(states)
+            self.times.append(time.time())
+
+    def during(self, start_unix: float, end_unix: float) -> list[tuple[GpuState, ...]]:
+        """Samples taken while the ranks ran their measured steps."""
+        return [s for s, t in zip(self.samples, self.times, strict=True) if start_unix <= t <= end_unix]
 
     def summary(self) -> dict[str, Any]:
         """Lowest SM clock, highest temperature and power, and every reason seen."""
@@ -133,3 +147,49 @@ class CaseMonitor:
             "max_power_w": max(s.power_w for s in flat),
             "reasons": sorted({r for s in flat for r in s.reasons}),
         }
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The GPUs during one run's measured steps, and whether that run is evidence."""
+
+    readings: dict[str, Any]  # median/min SM clock, max clock, power, temperature, reasons
+    quarantine: str | None  # why the run is no evidence, or None
+    clocks_locked: bool  # application clocks set: a different configuration from boost clocks
+
+
+def assess(samples: list[tuple[GpuState, ...]]) -> Assessment:
+    """Apply the quarantine rule to the readings taken during the measured steps."""
+    flat = [state for states in samples for state in states]
+    if not flat:
+        return Assessment({}, None, False)
+    import statistics
+
+    reasons = sorted({r for s in flat for r in s.reasons})
+    per_gpu_median = {
+        index: statistics.median(s.sm_clock_mhz for s in flat if s.index == index)
+        for index in sorted({s.index for s in flat})
+    }
+    max_clock = max(s.max_sm_clock_mhz for s in flat)
+    locked = "applications_clocks_setting" in reasons
+    readings = {
+        "samples": len(samples),
+        "median_sm_clock_mhz": min(per_gpu_median.values()),
+        "min_sm_clock_mhz": min(s.sm_clock_mhz for s in flat),
+        "max_sm_clock_mhz": max_clock,
+        "max_temperature_c": max(s.temperature_c for s in flat),
+        "max_power_w": max(s.power_w for s in flat),
+        "reasons": reasons,
+        "clocks_locked": locked,
+    }
+    found = [f"gpu{s.index}: {r}" for s in flat for r in s.reasons if r in QUARANTINING]
+    why = []
+    if found:
+        why.append("GPU slowed itself down (" + ", ".join(sorted(set(found))) + ")")
+    slowest_index, slowest = min(per_gpu_median.items(), key=lambda kv: kv[1])
+    if not locked and max_clock > 0 and slowest < LOW_CLOCK_FRACTION * max_clock:
+        why.append(
+            f"gpu{slowest_index} median SM clock {slowest:.0f} MHz during the steps is below "
+            f"{LOW_CLOCK_FRACTION:.0%} of its {max_clock} MHz maximum"
+        )
+    return Assessment(readings, "; ".join(why) or None, locked)

@@ -3,6 +3,7 @@ parameters, fixtures, pytest-benchmark machine_info, and the terminal summary. H
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -50,6 +51,24 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("threshold-step", "relative median step-time change that counts (default 0.05)", None),
     ("threshold-efficiency", "scaling-efficiency drop in points that counts (default 0.03)", None),
     ("threshold-memory", "relative peak-memory growth that counts (default 0.10)", None),
+    (
+        "repeats",
+        "runs of every case, each in fresh processes, interleaved across cases (default 1; "
+        "recording a baseline: 3)",
+        None,
+    ),
+    (
+        "confirm",
+        "extra runs at most for a case that looks regressed, improved or undecided, added in "
+        "blocks of 2 until decided (default 4; 0: judge the scheduled runs only)",
+        None,
+    ),
+    ("keep-runs", "runs kept per case and torch version in a baseline file (default 10)", None),
+    (
+        "accept-reason",
+        "why the --perf-accept cases are recorded although not OK (stored with their runs)",
+        None,
+    ),
 )
 
 
@@ -60,8 +79,8 @@ class PerfState:
     config: pytest.Config
     _planned: list[Any] | None = None
     _baselines: Any = None
-    runner: Any = None
-    host: Any = None
+    session: Any = None  # scaleguard.session.PerfSession, made by the first perf case
+    selected: tuple[CaseSpec, ...] = ()  # the perf cases this session will run, in order
 
     def option(self, name: str) -> str | None:
         value = self.config.getoption("perf_" + name.replace("-", "_"))
@@ -115,31 +134,70 @@ class PerfState:
                 raise pytest.UsageError(f"scaleguard: {exc}") from exc
         return self._planned
 
+    def thresholds(self, device: str) -> Any:
+        from scaleguard.compare import Thresholds
+
+        thresholds = Thresholds.for_device(device)
+        overrides = " ".join(
+            f"{name}={self.option('threshold-' + name)}"
+            for name in ("step", "efficiency", "memory")
+            if self.option("threshold-" + name) is not None
+        )
+        try:
+            thresholds = Thresholds.parse_overrides(thresholds, overrides) if overrides else thresholds
+            for line in self.config.getini("perf_case_thresholds"):
+                Thresholds.parse_overrides(thresholds, line.strip().partition(" ")[2])
+        except ValueError as exc:
+            raise pytest.UsageError(f"scaleguard: {exc}") from None
+        return thresholds
+
+    def count(self, name: str, default: int, lo: int = 0, hi: int = 1000) -> int:
+        text = self.option(name)
+        if text is None:
+            return default
+        if not text.strip().isdigit() or not lo <= int(text) <= hi:
+            raise pytest.UsageError(f"--perf-{name} takes an integer in [{lo}, {hi}], got {text!r}")
+        return int(text)
+
     def baseline_context(self) -> Any:
-        """Load this hardware's baseline once; a broken file stops the session with the reason."""
+        """Load this hardware's baseline once; a broken file, a missing directory or an
+        unwritable one stops the session with the reason, before any case runs."""
         if self._baselines is not None:
             return self._baselines
         from scaleguard import baseline
-        from scaleguard.compare import Thresholds
         from scaleguard.env import host_fingerprint
-        from scaleguard.runner import BaselineContext
+        from scaleguard.ledger import BaselineContext
 
         spec = self.planned()[0].spec
         host = host_fingerprint()
         key = baseline.host_hardware_key(host, spec.device, spec.settings.threads_per_rank)
-        directory = Path(self.option("baselines") or self.config.rootpath / "baselines")
+        given = self.option("baselines")
+        directory = Path(given) if given else self.config.rootpath / "baselines"
+        updating = self.update_baselines()
+        if directory.exists() and not directory.is_dir():
+            raise pytest.UsageError(f"scaleguard: --perf-baselines {directory} is a file, not a directory")
+        if given and not directory.exists() and not updating:
+            raise pytest.UsageError(
+                f"scaleguard: --perf-baselines {directory} does not exist; every case would be NEW "
+                "and nothing judged. Check the path, or add --perf-update-baselines to create it."
+            )
+        accept = tuple(self.config.getoption("perf_accept") or ()) + tuple(self.config.getini("perf_accept"))
+        reason = self.option("accept-reason")
+        if accept and not reason:
+            raise pytest.UsageError(
+                "scaleguard: --perf-accept needs --perf-accept-reason TEXT: why these cases are "
+                "recorded although not OK (stored with their runs)"
+            )
+        if accept and not updating:
+            raise pytest.UsageError(
+                "scaleguard: --perf-accept only has a meaning with --perf-update-baselines"
+            )
         path = directory / f"{key}.json"
         try:
-            thresholds = Thresholds.for_device(spec.device)
-            overrides = " ".join(
-                f"{name}={self.option('threshold-' + name)}"
-                for name in ("step", "efficiency", "memory")
-                if self.option("threshold-" + name) is not None
-            )
-            if overrides:
-                thresholds = Thresholds.parse_overrides(thresholds, overrides)
+            if updating:
+                baseline.check_writable(directory)
             loaded = baseline.load(path)
-        except (ValueError, baseline.BaselineError) as exc:
+        except baseline.BaselineError as exc:
             raise pytest.UsageError(f"scaleguard: {exc}") from exc
         self._baselines = BaselineContext(
             path=path,
@@ -154,11 +212,24 @@ class PerfState:
                 "backend": "nccl" if spec.device == "cuda" else "gloo",
             },
             torch_pick=self.option("baseline-torch"),
-            thresholds=thresholds,
+            thresholds=self.thresholds(spec.device),
             per_case=list(self.config.getini("perf_case_thresholds")),
             commit=baseline.git_commit(self.config.rootpath),
+            keep_runs=self.count("keep-runs", baseline.DEFAULT_KEEP_RUNS, lo=1),
+            accept=accept,
+            accept_reason=reason,
         )
         return self._baselines
+
+    def schedule(self) -> Any:
+        from scaleguard.session import Schedule
+
+        device = self.planned()[0].spec.device if self.planned() else "cpu"
+        return Schedule.for_device(
+            device,
+            repeats=self.count("repeats", 1, lo=1, hi=100),
+            confirm=self.count("confirm", Schedule.for_device(device).confirm, hi=100),
+        )
 
     def update_baselines(self) -> bool:
         flag = self.config.getoption("perf_update_baselines")
@@ -171,8 +242,8 @@ class PerfState:
                 value = float(text)
             except ValueError:
                 raise pytest.UsageError(f"--perf-timeout takes seconds, got {text!r}") from None
-            if value <= 0:
-                raise pytest.UsageError(f"--perf-timeout must be positive, got {text!r}")
+            if not math.isfinite(value) or value <= 0 or value > 7 * 24 * 3600:
+                raise pytest.UsageError(f"--perf-timeout must be finite, positive seconds, got {text!r}")
             return value
         planned = self.planned()
         return 900.0 if planned and planned[0].spec.device == "cuda" else 300.0
@@ -195,6 +266,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="merge this run's good cases into the baseline file",
     )
     parser.addini("perf_update_baselines", "ini twin of --perf-update-baselines", type="bool", default=False)
+    group.addoption(
+        "--perf-accept",
+        dest="perf_accept",
+        action="append",
+        default=None,
+        metavar="GLOB",
+        help="with --perf-update-baselines: record the cases matching GLOB whatever their verdict "
+        "(REGRESSED, INCONCLUSIVE), restarting their entry; needs --perf-accept-reason",
+    )
+    parser.addini("perf_accept", "ini twin of --perf-accept (one glob per line)", type="linelist", default=[])
     parser.addini(
         "perf_case_thresholds",
         "per-case threshold overrides, one per line: '<case-id glob> step=0.08 efficiency=0.05 memory=0.2'",
@@ -210,6 +291,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if any(state.option(name) is not None for name, _, _ in _OPTIONS):
         state.planned()  # bad --perf-* values are usage errors now, not collection errors
         state.timeout_s()
+        state.schedule()
+        if state.planned():
+            state.thresholds(state.planned()[0].spec.device)
+        _check_data_root(state.option("data-root"))
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
 
@@ -235,44 +320,80 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("perf_case", params)
 
 
+def _check_data_root(root: str | None) -> None:
+    """A missing CIFAR-10 would fail every loader case after its ranks start: say it now."""
+    if root is None:
+        return
+    path = Path(root)
+    if not (path / "cifar-10-batches-py").is_dir():
+        raise pytest.UsageError(
+            f"scaleguard: --perf-data-root {root}: no CIFAR-10 there "
+            f"(expected {path / 'cifar-10-batches-py'}, "
+            "as torchvision.datasets.CIFAR10 unpacks it). scaleguard never downloads; leave the "
+            "option out to use FakeData."
+        )
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any("perf_case" in getattr(item, "fixturenames", ()) for item in session.items):
+    items = [item for item in session.items if "perf_case" in getattr(item, "fixturenames", ())]
+    if items:
+        state = session.config.stash[STATE]
         # a broken baseline file stops the run before any case is measured, as a usage error
-        session.config.stash[STATE].baseline_context()
+        state.baseline_context()
+        state.selected = tuple(
+            item.callspec.params["perf_case"]
+            for item in items
+            if hasattr(item, "callspec") and item.get_closest_marker("skip") is None
+        )
 
 
 @pytest.fixture(scope="session")
-def perf_runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Session-wide runner: spawns each case's ranks and keeps the results."""
-    from scaleguard.runner import PerfRunner
+def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Session-wide scheduler and ledger: spawns each run's ranks and keeps the evidence."""
+    import uuid
+
+    from scaleguard.ledger import Ledger
+    from scaleguard.session import PerfSession
 
     state = request.config.stash[STATE]
-    if state.runner is None:
-        state.runner = PerfRunner(
-            tmp_path_factory.mktemp("scaleguard-runs"), state.timeout_s(), state.baseline_context()
+    if state.session is None:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+        def progress(line: str) -> None:
+            if reporter is not None:
+                reporter.write_line(f"scaleguard: {line}")
+
+        stamp = __import__("time").strftime("%Y%m%dT%H%M%S")
+        state.session = PerfSession(
+            Ledger(f"{stamp}-{uuid.uuid4().hex[:6]}", state.baseline_context()),
+            tmp_path_factory.mktemp("scaleguard-runs"),
+            state.timeout_s(),
+            state.schedule(),
+            on_run=progress,
         )
-    return state.runner
+    return state.session
 
 
 @pytest.fixture
-def perf_run(perf_runner: Any, benchmark: Any) -> Callable[[CaseSpec], Any]:
-    """Run a case, store its steps in pytest-benchmark; a failed case fails the test cleanly."""
+def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) -> Callable[[CaseSpec], Any]:
+    """Run a case (its runs, and confirm runs when it looks changed), store its steps in
+    pytest-benchmark; a failed case or a REGRESSED verdict fails the test cleanly."""
     from scaleguard import benchmark_io
     from scaleguard.launcher import CaseFailedError
 
     def run(spec: CaseSpec) -> Any:
         try:
-            result = perf_runner.run(spec)
+            # --perf-repeats: the earlier rounds of every selected case, interleaved, once
+            perf_session.prefetch(request.config.stash[STATE].selected or (spec,))
+            verdict = perf_session.measure(spec)
         except CaseFailedError as exc:
             pytest.fail(str(exc), pytrace=False)
-        benchmark_io.record(benchmark, result)
-        verdict = perf_runner.judge(result)
-        if verdict is not None:
-            benchmark.extra_info["verdict"] = verdict.status.value
-            benchmark.extra_info["verdict_story"] = verdict.story
-            if verdict.failed:
-                pytest.fail(verdict.story, pytrace=False)
-        return result
+        ledger = perf_session.ledger
+        evidence = ledger.evidence(spec.case_id)
+        benchmark_io.record(benchmark, ledger.results[spec.case_id], evidence, verdict)
+        if verdict is not None and verdict.failed:
+            pytest.fail(verdict.story, pytrace=False)
+        return evidence
 
     return run
 
@@ -292,9 +413,18 @@ class _BenchmarkHooks:
         planned = self.state.planned() if self.state._planned is not None else []
         if not planned:
             return
+        from scaleguard.baseline import host_hardware_key
+
         spec = planned[0].spec
+        host = host_fingerprint()
+        threads = spec.settings.threads_per_rank
         benchmark_io.update_machine_info(
-            machine_info, host_fingerprint(), spec.device, spec.profile, spec.settings.threads_per_rank
+            machine_info,
+            host,
+            spec.device,
+            spec.profile,
+            threads,
+            host_hardware_key(host, spec.device, threads),
         )
 
 
@@ -304,33 +434,21 @@ def pytest_terminal_summary(
 ) -> Generator[None, None, None]:
     result = yield
     state = config.stash.get(STATE, None)
-    runner = state.runner if state else None
-    if runner is None or not (runner.results or runner.failures):
+    session = state.session if state else None
+    if session is None or not (session.ledger.records or session.ledger.failures):
         return result
     from scaleguard import report
 
+    ledger = session.ledger
     terminalreporter.section("scaleguard scaling")
     width = max(100, terminalreporter._tw.fullwidth)
-    tables = report.scaling_tables(runner.results.values(), runner.verdicts)
-    terminalreporter.write(report.render(tables, width))
-    for case_id, reason in runner.failures.items():
+    terminalreporter.write(report.render(report.scaling_tables(ledger), width))
+    for case_id, reason in ledger.failures.items():
         terminalreporter.write_line(f"FAILED {case_id}: {reason}")
-    for verdict in runner.verdicts.values():
+    for verdict in ledger.verdicts.values():
         if verdict.status.value != "OK":
             terminalreporter.write_line(verdict.story)
     if state is not None and state.update_baselines():
-        if exitstatus == pytest.ExitCode.INTERRUPTED:
-            terminalreporter.write_line("scaleguard: interrupted: baselines not updated")
-        else:
-            from scaleguard.baseline import BaselineError
-
-            try:
-                path, written, left_out = runner.update_baselines()
-            except BaselineError as exc:
-                terminalreporter.write_line(f"scaleguard: baselines not updated: {exc}")
-                return result
-            terminalreporter.write_line(
-                f"scaleguard: baseline {path}: {len(written)} cases recorded"
-                + (f"; left out as too noisy: {', '.join(left_out)}" if left_out else "")
-            )
+        for line in report.baseline_update_lines(ledger, exitstatus == pytest.ExitCode.INTERRUPTED):
+            terminalreporter.write_line(line)
     return result

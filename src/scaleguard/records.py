@@ -1,22 +1,44 @@
-"""Records that cross a process or file boundary, and the one way they are written to disk.
+"""Records that cross a process or file boundary, the one validating reader, and atomic writes.
 
-Ranks write a ``RankResult`` or a ``RankFailure`` to their own file; the parent folds the
-ranks into one ``CaseResult``. All are frozen, JSON-serialisable, and carry a schema version.
+Ranks write a ``RankResult`` or a ``RankFailure`` to their own file; the parent folds the ranks
+of one run into a ``RunResult``. Every file kind scaleguard reads (rank files, torchrun run
+records, baselines, saved pytest-benchmark runs) goes through ``read_document`` and ``Fields``:
+types, finite positive samples, bounded sizes; a violation is a ``FileFormatError`` naming the
+file, the field and the fix, never a traceback.
+
+The schema version and its history live in ``schema.py``: one constant for every file kind.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
+from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
 from scaleguard.stats import StepSummary, slowest_rank_steps
 
-SCHEMA_VERSION = 1
+MAX_FILE_BYTES = 64 * 2**20  # a baseline of 10 runs x 100 cases is ~10 MB
+MAX_SAMPLES = 100_000  # per-step samples in one run
+MAX_ITEMS = 10_000  # cases in a file, runs in an entry, ranks in a run
+
+
+class FileFormatError(ValueError):
+    """A file exists but cannot be used; the message names the file, the field and the fix."""
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -24,33 +46,208 @@ def atomic_write_text(path: Path, text: str) -> None:
 
     Temp file in the same directory (``os.replace`` is atomic only within a filesystem), fsync
     of the data, replace, then fsync of the directory so the rename itself survives a crash.
+    An existing file keeps its mode and (where permitted) its owner: mkstemp's 0600 would
+    otherwise make a shared baseline unreadable to the next CI user.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        old = path.stat()
+    except FileNotFoundError:
+        old = None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
+            if old is not None:
+                os.fchmod(fh.fileno(), old.st_mode & 0o7777)
+                try:
+                    os.fchown(fh.fileno(), old.st_uid, old.st_gid)
+                except PermissionError:
+                    pass  # not root: the file becomes ours, its mode is kept
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fh.fileno(), 0o666 & ~umask)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _check_version(kind: str, data: dict[str, Any]) -> None:
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{kind} schema_version {version!r}; this scaleguard reads {SCHEMA_VERSION}")
+def _reject_constant(token: str) -> float:
+    raise ValueError(f"{token} is not a number JSON allows")
+
+
+def read_document(path: Path, kind: str, fix: str) -> dict[str, Any]:
+    """Parse one JSON object from ``path``, bounded, as data only (never pickle or eval).
+
+    Args:
+        kind: what the file should be, for the message ("baseline", "saved run", ...).
+        fix: what the user can do, appended to every error.
+
+    Raises:
+        FileFormatError: missing, unreadable, too large, not UTF-8, not JSON, too deep, not an
+            object, or of a schema this scaleguard cannot read.
+    """
+
+    def fail(problem: str) -> FileFormatError:
+        return FileFormatError(f"{kind} {path}: {problem}; {fix}")
+
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise fail(f"{size / 2**20:.0f} MiB is larger than the {MAX_FILE_BYTES / 2**20:.0f} MiB limit")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise fail("no such file") from None
+    except IsADirectoryError:
+        raise fail("is a directory, not a file") from None
+    except OSError as exc:
+        raise fail(f"cannot be read ({exc.strerror or exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(f"not UTF-8 text (byte {exc.start}): not a JSON file") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise fail(
+            f"corrupt or truncated JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise fail("JSON nested too deeply") from None
+    except ValueError as exc:  # NaN/Infinity tokens, integers past Python's digit limit
+        raise fail(f"invalid JSON value: {exc}") from None
+    if not isinstance(data, dict):
+        raise fail(f"expected a JSON object, found {type(data).__name__}")
+    version = data.get("schema_version", data.get("scaleguard_schema"))
+    if version is not None and version not in READABLE_VERSIONS:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+        hint = "it was written by a newer scaleguard: upgrade scaleguard" if newer else fix
+        raise FileFormatError(
+            f"{kind} {path}: schema_version {version!r}, but this scaleguard reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; {hint}"
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Typed, bounded access to one JSON object; every problem names the file and the field."""
+
+    data: dict[str, Any]
+    where: str  # "baseline /x/y.json, cases.resnet50-ddp-ws2.2.11.0"
+    fix: str = "restore the file from version control or move it aside"
+
+    @classmethod
+    def of(
+        cls, value: Any, where: str, fix: str = "restore the file from version control or move it aside"
+    ) -> Fields:
+        if not isinstance(value, dict):
+            raise FileFormatError(f"{where}: expected an object, found {type(value).__name__}; {fix}")
+        return cls(value, where, fix)
+
+    def fail(self, key: str, problem: str) -> FileFormatError:
+        return FileFormatError(f"{self.where}: field {key!r} {problem}; {self.fix}")
+
+    def _get(self, key: str, optional: bool) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if optional:
+                return None
+            raise self.fail(key, "is missing" if key not in self.data else "is null")
+        return self.data[key]
+
+    def obj(self, key: str) -> Fields:
+        value = self._get(key, False)
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be an object, found {type(value).__name__}")
+        if len(value) > MAX_ITEMS:
+            raise self.fail(key, f"has {len(value)} entries, more than {MAX_ITEMS}")
+        return Fields(value, f"{self.where}.{key}", self.fix)
+
+    def raw_dict(self, key: str, optional: bool = False) -> dict[str, Any]:
+        value = self._get(key, optional)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be an object, found {type(value).__name__}")
+        return dict(value)
+
+    def text(self, key: str, optional: bool = False) -> str | None:
+        value = self._get(key, optional)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(key, f"must be a string, found {type(value).__name__}")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self.text(key)
+        assert value is not None
+        return value
+
+    def integer(self, key: str, lo: int = 0, hi: int = 2**62, optional: bool = False) -> int | None:
+        value = self._get(key, optional)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"must be an integer, found {type(value).__name__}")
+        if not lo <= value <= hi:
+            raise self.fail(key, f"is {value}, outside [{lo}, {hi}]")
+        return value
+
+    def number(self, key: str, lo: float = 0.0, hi: float = math.inf, optional: bool = False) -> float | None:
+        value = self._get(key, optional)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(key, f"must be a number, found {type(value).__name__}")
+        value = float(value)
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise self.fail(key, f"is {value}, outside [{lo}, {hi}]")
+        return value
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, found {type(value).__name__}")
+        return value
+
+    def items(self, key: str, optional: bool = False) -> list[Any]:
+        value = self._get(key, optional)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(key, f"must be a list, found {type(value).__name__}")
+        if len(value) > MAX_ITEMS:
+            raise self.fail(key, f"has {len(value)} items, more than {MAX_ITEMS}")
+        return value
+
+    def samples(self, key: str, min_len: int = 2) -> tuple[float, ...]:
+        """Finite positive times, at least ``min_len`` and at most ``MAX_SAMPLES`` of them."""
+        value = self._get(key, False)
+        if not isinstance(value, list):
+            raise self.fail(key, f"must be a list of seconds, found {type(value).__name__}")
+        if not min_len <= len(value) <= MAX_SAMPLES:
+            raise self.fail(key, f"has {len(value)} samples; needs {min_len} to {MAX_SAMPLES}")
+        out = []
+        for index, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                raise self.fail(key, f"item {index} is {type(item).__name__}, not a number")
+            number = float(item)
+            if not math.isfinite(number) or number <= 0:
+                raise self.fail(key, f"item {index} is {number}: samples must be finite and positive")
+            out.append(number)
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -68,6 +265,8 @@ class RankResult:
     device_name: str
     runtime: dict[str, str | None]  # torch/cuda/cudnn/nccl as the rank saw them
     settings: dict[str, Any]  # speed knobs as applied inside the rank
+    measure_start_unix: float = 0.0  # wall clock around the measured steps: GPU readings are
+    measure_end_unix: float = 0.0  # filtered to this window
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,11 +274,22 @@ class RankResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
-        _check_version("RankResult", data)
-        fields = dict(data)
-        fields["step_s"] = tuple(fields["step_s"])
-        fields["warmup_step_s"] = tuple(fields["warmup_step_s"])
-        return cls(**fields)
+        f = Fields.of(data, "rank result")
+        return cls(
+            case_id=f.string("case_id"),
+            rank=int(f.integer("rank") or 0),
+            step_s=f.samples("step_s", min_len=1),
+            warmup_step_s=tuple(float(x) for x in f.items("warmup_step_s")),
+            steady=f.flag("steady"),
+            final_loss=float(data.get("final_loss", math.nan)),
+            peak_mem_bytes=int(f.integer("peak_mem_bytes") or 0),
+            mem_kind=f.string("mem_kind"),
+            device_name=f.string("device_name"),
+            runtime=f.raw_dict("runtime"),
+            settings=f.raw_dict("settings"),
+            measure_start_unix=float(f.number("measure_start_unix", optional=True) or 0.0),
+            measure_end_unix=float(f.number("measure_end_unix", optional=True) or 0.0),
+        )
 
 
 @dataclass(frozen=True)
@@ -100,13 +310,22 @@ class RankFailure:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankFailure:
-        _check_version("RankFailure", data)
-        return cls(**data)
+        f = Fields.of(data, "rank error")
+        return cls(
+            case_id=f.string("case_id"),
+            rank=int(f.integer("rank") or 0),
+            phase=f.string("phase"),
+            exc_type=f.string("exc_type"),
+            message=f.string("message"),
+            traceback=f.string("traceback"),
+            unix_time=float(f.number("unix_time") or 0.0),
+        )
 
 
 @dataclass(frozen=True)
-class CaseResult:
-    """One case as the suite reports it: the slowest rank per step, and what follows."""
+class RunResult:
+    """One run of a case (one fresh set of rank processes): the slowest rank per step, and what
+    follows from it. ``RunRecord`` (``evidence.py``) is its stored, comparable form."""
 
     spec: CaseSpec
     step_s: tuple[float, ...]  # slowest rank per measured step
@@ -119,15 +338,15 @@ class CaseResult:
     device_name: str
     runtime: dict[str, str | None]
     settings: dict[str, Any]
-    speedup: float | None = None  # samples/s over world size 1 of the same group
-    scaling_efficiency: float | None = None
     notes: tuple[str, ...] = field(default=())
-    machine_state: dict[str, Any] = field(default_factory=dict)  # NVML before/after, if any
-    throttled: bool = False
+    machine_state: dict[str, Any] = field(default_factory=dict)  # NVML readings, if any
+    quarantine: str | None = None  # why this run is no evidence (throttled GPU, ...)
+    wall_s: float = 0.0  # the run's wall time in the parent, start-up included
+    run_id: str = ""  # torchrun: ties the record to the job that wrote it
     schema_version: int = SCHEMA_VERSION
 
     @classmethod
-    def from_ranks(cls, spec: CaseSpec, ranks: list[RankResult]) -> CaseResult:
+    def from_ranks(cls, spec: CaseSpec, ranks: Sequence[RankResult]) -> RunResult:
         ranks = sorted(ranks, key=lambda r: r.rank)
         step_s = slowest_rank_steps([r.step_s for r in ranks])
         summary = StepSummary.of(step_s)
@@ -151,29 +370,39 @@ class CaseResult:
             notes=tuple(notes),
         )
 
-    def with_reference(self, reference: CaseResult | None) -> CaseResult:
-        """Speedup and scaling efficiency against the world-size-1 case of the same group.
-
-        Strong scaling: efficiency = speedup / world size. Weak scaling: the global batch grows
-        with world size, so the same samples/s ratio over world size reads the same way.
-        """
-        if reference is None or reference.spec.group_id != self.spec.group_id:
-            return self
-        speedup = self.samples_per_s / reference.samples_per_s
-        return replace(self, speedup=speedup, scaling_efficiency=speedup / self.spec.world_size)
-
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["summary"] = self.summary.to_dict()
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CaseResult:
-        _check_version("CaseResult", data)
-        fields = dict(data)
-        fields["spec"] = CaseSpec.from_dict(fields["spec"])
-        fields["summary"] = StepSummary.from_dict(fields["summary"])
-        fields["step_s"] = tuple(fields["step_s"])
-        fields["peak_mem_bytes"] = tuple(fields["peak_mem_bytes"])
-        fields["notes"] = tuple(fields["notes"])
-        return cls(**fields)
+    def from_dict(cls, data: dict[str, Any], where: str = "run record") -> RunResult:
+        f = Fields.of(data, where, "re-run the case to write a fresh record")
+        try:
+            spec = CaseSpec.from_dict(f.raw_dict("spec"))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise f.fail("spec", f"is not a case description ({exc})") from None
+        step_s = f.samples("step_s")
+        peak = [int(x) for x in f.items("peak_mem_bytes") if isinstance(x, int) and not isinstance(x, bool)]
+        if not peak:
+            raise f.fail("peak_mem_bytes", "must list each rank's peak memory in bytes")
+        return replace(
+            cls(
+                spec=spec,
+                step_s=step_s,
+                summary=StepSummary.of(step_s),
+                samples_per_s=spec.global_batch / StepSummary.of(step_s).median_s,
+                peak_mem_bytes=tuple(peak),
+                mem_kind=f.string("mem_kind"),
+                warmup_steps=int(f.integer("warmup_steps") or 0),
+                steady=f.flag("steady", True),
+                device_name=f.string("device_name"),
+                runtime=f.raw_dict("runtime"),
+                settings=f.raw_dict("settings"),
+                notes=tuple(str(n) for n in f.items("notes", optional=True)),
+                machine_state=f.raw_dict("machine_state", optional=True),
+                quarantine=f.text("quarantine", optional=True),
+                wall_s=float(f.number("wall_s", optional=True) or 0.0),
+                run_id=f.text("run_id", optional=True) or "",
+            ),
+        )

@@ -1,15 +1,23 @@
-"""Human-readable output: the scaling table per model/mode/precision/scaling."""
+"""Everything rendered for people: the session's scaling tables, the baseline-update lines, and
+``scaleguard compare``'s table, markdown and plot."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from scaleguard.compare import Verdict
-from scaleguard.records import CaseResult
+from scaleguard.compare import Status, Verdict
+from scaleguard.evidence import CaseEvidence
+
+if TYPE_CHECKING:
+    from scaleguard.ledger import Ledger
+
+Rows = Sequence[tuple[CaseEvidence, Verdict]]
 
 
 def fmt_ms(seconds: float) -> str:
@@ -20,69 +28,208 @@ def fmt_ratio(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def fmt_bytes(count: int) -> str:
+def fmt_bytes(count: float) -> str:
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
-def scaling_tables(
-    results: Iterable[CaseResult], verdicts: Mapping[str, Verdict] | None = None
-) -> list[Table]:
-    verdicts = verdicts or {}
-    groups: dict[str, list[CaseResult]] = {}
-    for result in results:
-        groups.setdefault(result.spec.group_id, []).append(result)
+def fmt_spread(evidence: CaseEvidence) -> str:
+    spread = evidence.run_spread()
+    return "-" if spread is None else f"{spread:.1%}"
+
+
+def scaling_tables(ledger: Ledger) -> list[Table]:
+    """Per model/mode/precision/scaling: one row per world size, from this session's runs."""
+    groups: dict[str, list[str]] = {}
+    for case_id, spec in ledger.specs.items():
+        groups.setdefault(spec.group_id, []).append(case_id)
     tables = []
-    for group_id, members in sorted(groups.items()):
-        members.sort(key=lambda r: r.spec.world_size)
-        first = members[0].spec
+    for group_id, case_ids in sorted(groups.items()):
+        case_ids.sort(key=lambda cid: ledger.specs[cid].world_size)
+        first = ledger.specs[case_ids[0]]
+        device_name = ledger.results[case_ids[0]][-1].device_name
         table = Table(
-            title=f"{group_id}  ({first.device}, profile {first.profile}, {members[0].device_name})",
+            title=f"{group_id}  ({first.device}, profile {first.profile}, {device_name})",
             title_justify="left",
         )
         for column in (
             "ws",
             "global batch",
-            "step ms (median ± IQR)",
+            "runs",
+            "step ms",
+            "run spread",
+            "IQR in run",
             "samples/s",
             "speedup",
             "efficiency",
             "peak mem/rank",
+            "verdict",
         ):
             table.add_column(column, justify="right")
         notes = []
-        for r in members:
-            s = r.summary
+        for case_id in case_ids:
+            spec = ledger.specs[case_id]
+            evidence = ledger.evidence(case_id)
+            runs = evidence.evidence or evidence.runs
+            effs = evidence.efficiencies()
+            speedups = [r.speedup for r in runs if r.speedup is not None]
+            verdict = ledger.verdicts.get(case_id)
             table.add_row(
-                str(r.spec.world_size),
-                str(r.spec.global_batch),
-                f"{fmt_ms(s.median_s)} ± {fmt_ms(s.iqr_s)}" + (" (noisy)" if s.is_noisy else ""),
-                f"{r.samples_per_s:,.1f}",
-                fmt_ratio(r.speedup),
-                fmt_ratio(r.scaling_efficiency),
-                fmt_bytes(max(r.peak_mem_bytes)),
-            )
-            notes += [f"ws{r.spec.world_size}: {note}" for note in r.notes]
+                str(spec.world_size),
+                str(spec.global_batch),
+                str(len(evidence.runs)) + (f" ({len(evidence.runs) - len(evidence.evidence)} set aside)"
+                                           if len(evidence.evidence) < len(evidence.runs) else ""),
+                fmt_ms(evidence.median_s()),
+                fmt_spread(evidence),
+                f"{max(r.summary.rel_iqr for r in runs):.1%}",
+                f"{evidence.samples_per_s():,.1f}",
+                fmt_ratio(sum(speedups) / len(speedups) if speedups else None),
+                fmt_ratio(sum(effs) / len(effs) if effs else None),
+                fmt_bytes(max(r.peak_mem_bytes for r in evidence.runs)),
+                verdict.status.value if verdict else "-",
+            )  # fmt: skip
+            for result in ledger.results[case_id]:
+                notes += [f"ws{spec.world_size}: {note}" for note in result.notes]
         if notes:
-            table.caption = "\n".join(notes)
+            table.caption = "\n".join(dict.fromkeys(notes))
             table.caption_justify = "left"
         tables.append(table)
     return tables
 
 
-def verdict_cells(verdict: Verdict | None) -> list[str]:
-    if verdict is None:
-        return ["-", "-", "-", "-"]
-    base = verdict.baseline
-    if base is None:
-        return ["-", "-", "-", verdict.status.value]
-    change = "-" if verdict.step_change is None else f"{verdict.step_change:+.1%}"
-    return [fmt_ms(base.summary.median_s), change, fmt_ratio(base.scaling_efficiency), verdict.status.value]
-
-
-def render(tables: list[Table], width: int = 120) -> str:
+def render(tables: Sequence[Table], width: int = 120) -> str:
     """Render rich tables to plain text for pytest's terminal reporter."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, force_terminal=False, color_system=None)
     for table in tables:
         console.print(table)
     return buffer.getvalue()
+
+
+def baseline_update_lines(ledger: Ledger, interrupted: bool) -> list[str]:
+    """Write the session's recordable cases into the baseline, and say what happened."""
+    from scaleguard.baseline import BaselineError
+
+    if interrupted:
+        return ["scaleguard: interrupted: baselines not updated"]
+    try:
+        path, written, left_out, restarted = ledger.update_baselines()
+    except BaselineError as exc:
+        return [f"scaleguard: baselines not updated: {exc}"]
+    lines = [f"scaleguard: baseline {path}: {len(written)} cases recorded"]
+    lines += [f"scaleguard:   {cid}: entry restarted at this session's level" for cid in sorted(restarted)]
+    lines += [f"scaleguard:   not recorded: {cid}: {why}" for cid, why in sorted(left_out.items())]
+    return lines
+
+
+HEADERS = [
+    "case",
+    "old step ms",
+    "new step ms",
+    "Δ step",
+    "95% CI",
+    "runs old/new",
+    "spread",
+    "old eff.",
+    "new eff.",
+    "p",
+    "verdict",
+]
+
+
+def compare_cells(new: CaseEvidence, verdict: Verdict) -> list[str]:
+    old = verdict.baseline
+    step = verdict.step
+    return [
+        new.case_id,
+        "-" if old is None else fmt_ms(old.median_s()),
+        fmt_ms(new.median_s()),
+        "-" if step is None else f"{step.change:+.1%}",
+        "-" if step is None else f"[{step.ci[0]:+.1%}, {step.ci[1]:+.1%}]",
+        f"{'-' if old is None else len(old.evidence)}/{len(new.evidence)}",
+        "-" if step is None else f"{step.spread:.1%}" + ("*" if step.spread_assumed else ""),
+        fmt_ratio(None if old is None else old.efficiency()),
+        fmt_ratio(new.efficiency()),
+        "-" if verdict.p_value is None else f"{verdict.p_value:.1g}",
+        verdict.status.value,
+    ]
+
+
+def compare_table(rows: Rows, old_label: str, new_label: str) -> Table:
+    table = Table(title=f"scaleguard compare: {old_label} -> {new_label}", title_justify="left")
+    for header in HEADERS:
+        table.add_column(header, justify="left" if header == "case" else "right")
+    for new, verdict in rows:
+        table.add_row(*compare_cells(new, verdict))
+    table.caption = "spread: run-to-run spread used; * assumed (young baseline)"
+    table.caption_justify = "left"
+    return table
+
+
+def compare_markdown(rows: Rows, old_label: str, new_label: str) -> str:
+    counts = {s: sum(v.status is s for _, v in rows) for s in Status}
+    lines = [
+        f"### scaleguard: {old_label} → {new_label}",
+        "",
+        ", ".join(f"**{n}** {s.value}" for s, n in counts.items() if n),
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(HEADERS),
+    ]
+    lines += ["| " + " | ".join(compare_cells(n, v)) + " |" for n, v in rows]
+    lines += ["", "spread: run-to-run spread used; * assumed (young baseline)"]
+    stories = [v.story for _, v in rows if v.status is not Status.OK]
+    if stories:
+        lines += ["", "<details><summary>details</summary>", ""]
+        lines += [f"- {story}" for story in stories] + ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def compare_plot(
+    old: dict[str, CaseEvidence], new: dict[str, CaseEvidence], old_label: str, new_label: str, path: Path
+) -> None:
+    """Speedup vs world size per group (dashed OLD, solid NEW, with the ideal line), and
+    samples/s per case with each run as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: CI runners have no display
+    import matplotlib.pyplot as plt
+
+    groups = sorted({e.group_id for e in new.values()})
+    fig, (ax_speed, ax_rate) = plt.subplots(1, 2, figsize=(14, max(4.5, 0.3 * len(new) + 2)))
+    max_ws = 1
+    colors = plt.get_cmap("tab10")
+    for run, style in ((old, "--"), (new, "-")):
+        for index, group in enumerate(groups):
+            points = sorted(
+                (e.world_size, (e.efficiency() or 1.0) * e.world_size)
+                for e in run.values()
+                if e.group_id == group
+            )
+            if len(points) > 1:
+                xs, ys = zip(*points, strict=True)
+                max_ws = max(max_ws, *xs)
+                ax_speed.plot(
+                    xs, ys, style, marker="o", color=colors(index % 10), label=group if run is new else None
+                )
+    ax_speed.plot([1, max_ws], [1, max_ws], ":", color="grey", label="ideal")
+    ax_speed.set_xlabel("world size")
+    ax_speed.set_ylabel("speedup over world size 1")
+    ax_speed.set_title(f"scaling (dashed: {old_label}; solid: {new_label})", fontsize=9)
+    ax_speed.legend(fontsize=6)
+    cases = sorted(new)
+    rows_y = list(range(len(cases)))
+    for offset, run, label in ((0.2, old, old_label), (-0.2, new, new_label)):
+        rates = [run[c].samples_per_s() if c in run else 0.0 for c in cases]
+        ax_rate.barh([y + offset for y in rows_y], rates, height=0.4, label=label)
+        for y, case in zip(rows_y, cases, strict=True):
+            if case in run:
+                batch = run[case].config.get("global_batch") or 0
+                dots = [batch / r.median_s for r in run[case].evidence] if batch else []
+                ax_rate.plot(dots, [y + offset] * len(dots), "k.", markersize=3)
+    ax_rate.set_yticks(rows_y, cases, fontsize=6)
+    ax_rate.set_xlabel("samples/s (dots: single runs)")
+    ax_rate.set_title("throughput per case")
+    ax_rate.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

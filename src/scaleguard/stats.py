@@ -1,20 +1,26 @@
-"""Summaries of raw per-step samples (numpy), and the slowest-rank reduction."""
+"""Statistics from raw samples (numpy, scipy.stats): per-run step summaries, how precisely a run
+pins its median, and the run-level comparison of one metric between two sets of runs.
+
+The unit of evidence is the run: steps of one process share its CPU placement, clocks, memory
+layout and cuDNN algorithm choices, so they are not independent samples of "this torch on this
+machine". Within-run figures (IQR, the median's confidence interval) say how well a run pinned
+its own median; whether two configurations differ is decided on run medians only.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
-# IQR/median above this: the samples are too spread to say anything about a few percent
-NOISY_REL_IQR = 0.10
+from scipy import stats as sps
 
 
 @dataclass(frozen=True)
 class StepSummary:
-    """Robust and classical statistics of one case's per-step times, in seconds."""
+    """Robust and classical statistics of one run's per-step times, in seconds."""
 
     n: int
     min_s: float
@@ -24,6 +30,7 @@ class StepSummary:
     median_s: float
     q1_s: float
     q3_s: float
+    mad_s: float = 0.0  # median absolute deviation from the median
 
     @property
     def iqr_s(self) -> float:
@@ -31,12 +38,8 @@ class StepSummary:
 
     @property
     def rel_iqr(self) -> float:
-        """IQR over median: the noise figure the verdicts and the report use."""
+        """IQR over median: the within-run spread shown beside each run."""
         return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
-
-    @property
-    def is_noisy(self) -> bool:
-        return self.rel_iqr > NOISY_REL_IQR
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> StepSummary:
@@ -54,14 +57,11 @@ class StepSummary:
             median_s=float(median),
             q1_s=float(q1),
             q3_s=float(q3),
+            mad_s=float(np.median(np.abs(data - median))),
         )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StepSummary:
-        return cls(**data)
 
 
 def slowest_rank_steps(per_rank_step_s: Sequence[Sequence[float]]) -> tuple[float, ...]:
@@ -70,3 +70,102 @@ def slowest_rank_steps(per_rank_step_s: Sequence[Sequence[float]]) -> tuple[floa
     if len(lengths) != 1:
         raise ValueError(f"ranks measured different step counts: {sorted(lengths)}")
     return tuple(float(x) for x in np.max(np.asarray(per_rank_step_s, dtype=np.float64), axis=0))
+
+
+def median_ci_halfwidth(samples: Sequence[float], confidence: float = 0.95) -> float:
+    """Half-width of the distribution-free confidence interval of the median, relative to it.
+
+    The interval runs between two order statistics chosen from the binomial(n, 1/2) law (the
+    classic sign-test interval): exact coverage without assuming a shape, O(n log n) time and
+    O(n) memory whatever the sample count, unlike a bootstrap. ``inf`` below 6 samples, where
+    no such interval reaches 95 %.
+    """
+    data = np.sort(np.asarray(samples, dtype=np.float64))
+    n = data.size
+    if n < 6:
+        return math.inf
+    # j: smallest count with P(Bin(n, 1/2) <= j) >= alpha/2, so the j-th order statistic
+    # (1-based) and its mirror cover the median with probability >= 1 - alpha
+    j = int(sps.binom.ppf((1 - confidence) / 2, n, 0.5))
+    lo = max(j - 1, 0)
+    hi = n - 1 - lo
+    median = float(np.median(data))
+    return float((data[hi] - data[lo]) / 2 / median) if median > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Shift:
+    """One metric compared at the run level: NEW runs against OLD (baseline) runs.
+
+    Relative metrics (step time, memory) are compared on log values, so ``change`` is the ratio
+    of geometric means minus 1 and ``spread`` is the run-to-run standard deviation of the log
+    (about the relative spread). Absolute metrics (scaling efficiency) use points.
+    """
+
+    change: float  # NEW vs OLD: ratio - 1 (relative) or difference (absolute)
+    ci: tuple[float, float]  # 95 % interval of ``change``
+    p_up: float  # one-sided p that NEW is larger than OLD
+    p_down: float  # one-sided p that NEW is smaller than OLD
+    spread: float  # run-to-run standard deviation of the case: the larger of the pooled one
+    # (used by the test) and the baseline's own, so tight new runs of one session cannot
+    # shrink the guard against between-session drift
+    spread_assumed: bool  # True: the baseline was too young to measure it; a prior was used
+    n_new: int
+    n_old: int
+
+
+def run_shift(
+    new: Sequence[float],
+    old: Sequence[float],
+    *,
+    relative: bool,
+    prior_spread: float,
+    min_spread: float,
+    young: bool,
+) -> Shift:
+    """Compare per-run values of one metric with a pooled two-sample t test on run values.
+
+    With one new run this is the prediction interval of a new run from the baseline runs. While
+    the baseline is ``young`` (too few runs or sessions to know its own run-to-run spread, which
+    is mostly between sessions), the spread is at least ``prior_spread`` and is treated as known
+    (normal law): conservative, and said in the verdict.
+
+    Args:
+        relative: compare logs (step time, memory) rather than values (efficiency).
+        prior_spread: the device's assumed run-to-run spread, used while ``young``.
+        min_spread: floor on the measured spread: a few baseline runs that happen to agree
+            must not make a tiny change look certain.
+    """
+    x = np.log(np.asarray(new, dtype=np.float64)) if relative else np.asarray(new, dtype=np.float64)
+    y = np.log(np.asarray(old, dtype=np.float64)) if relative else np.asarray(old, dtype=np.float64)
+    m, k = x.size, y.size
+    if m == 0 or k == 0:
+        raise ValueError("run_shift needs at least one run on each side")
+    diff = float(x.mean() - y.mean())
+    df = m + k - 2
+    ss = float(((x - x.mean()) ** 2).sum() + ((y - y.mean()) ** 2).sum())
+    measured = math.sqrt(ss / df) if df > 0 else 0.0
+    if young or df == 0:
+        spread, dist_df = max(measured, prior_spread, min_spread), math.inf
+    else:
+        spread, dist_df = max(measured, min_spread), float(df)
+    se = spread * math.sqrt(1 / m + 1 / k)
+    historical = float(np.std(y, ddof=1)) if k >= 2 else 0.0
+    law = sps.norm if math.isinf(dist_df) else sps.t(dist_df)
+    t_stat = diff / se
+    half = float(law.ppf(0.975)) * se
+    low, high = diff - half, diff + half
+    if relative:
+        change, ci = math.expm1(diff), (math.expm1(low), math.expm1(high))
+    else:
+        change, ci = diff, (low, high)
+    return Shift(
+        change=change,
+        ci=ci,
+        p_up=float(law.sf(t_stat)),
+        p_down=float(law.cdf(t_stat)),
+        spread=max(spread, historical),
+        spread_assumed=young or df == 0,
+        n_new=m,
+        n_old=k,
+    )

@@ -6,19 +6,29 @@
 then, on the node that holds ``results/``: ``scaleguard ingest results/*.case.json``. The case
 is the same ``CaseSpec`` the pytest suite builds (same matrix, same id), so its numbers land in
 the same records and baselines. torchrun's agent owns spawning and reaping here.
+
+Rank 0 removes the case's old record before it starts and writes ``<case>.run.json`` (the run
+id, state "running"); the record carries the same run id, and the marker turns "done" only
+after the record is written. ``ingest`` refuses a record whose marker is missing, names another
+run, or is not "done": a stale record of an earlier job, or one from a job that failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
+import uuid
 from pathlib import Path
 
 from scaleguard import worker
 from scaleguard.case import MODES
 from scaleguard.env import gpu_inventory
 from scaleguard.matrix import MatrixOptions, plan
+from scaleguard.records import Fields, FileFormatError, RunResult, atomic_write_json, read_document
+from scaleguard.schema import SCHEMA_VERSION
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,10 +83,70 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = args.out / f"{spec.case_id}.ranks"
     run_dir.mkdir(exist_ok=True)
+    # rank 0 alone writes the marker and the record, so only its id matters
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+    if rank == 0:
+        run_id = _start_marker(args.out, spec.case_id, run_id)
     worker.rank_main(
-        rank, spec, "env://", str(run_dir), parent_pid=0, local_rank=local_rank, case_out=str(args.out)
+        rank,
+        spec,
+        None,
+        str(run_dir),
+        parent_pid=0,
+        local_rank=local_rank,
+        case_out=str(args.out),
+        run_id=run_id,
     )
+    if rank == 0:
+        _write_marker(args.out, spec.case_id, run_id, "done")
     return 0
+
+
+def record_path(out: Path, case_id: str) -> Path:
+    return out / f"{case_id}.case.json"
+
+
+def marker_path(out: Path, case_id: str) -> Path:
+    return out / f"{case_id}.run.json"
+
+
+def _write_marker(out: Path, case_id: str, run_id: str, state: str) -> None:
+    atomic_write_json(
+        marker_path(out, case_id),
+        {"schema_version": SCHEMA_VERSION, "case_id": case_id, "run_id": run_id, "state": state,
+         "unix_time": time.time()},
+    )  # fmt: skip
+
+
+def _start_marker(out: Path, case_id: str, job_id: str) -> str:
+    """Remove the stale record, then mark this run as running; returns its unique id."""
+    run_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
+    record_path(out, case_id).unlink(missing_ok=True)
+    _write_marker(out, case_id, run_id, "running")
+    return run_id
+
+
+def read_finished_record(path: Path) -> RunResult:
+    """A run record that its own, finished run wrote; anything else is a clear error."""
+    fix = "run the case again with torchrun ... -m scaleguard.torchrun_entry"
+    data = read_document(path, "torchrun record", fix)
+    result = RunResult.from_dict(data, f"torchrun record {path}")
+    marker = marker_path(path.parent, result.spec.case_id)
+    try:
+        state = Fields.of(read_document(marker, "run marker", fix), f"run marker {marker}", fix)
+    except FileFormatError as exc:
+        raise FileFormatError(f"{path}: its run marker is unusable ({exc}); not ingested") from None
+    if state.text("run_id", optional=True) != result.run_id or not result.run_id:
+        raise FileFormatError(
+            f"{path}: stale record: it belongs to run {result.run_id or '(none)'}, but the last run of "
+            f"{result.spec.case_id} in {path.parent} was {state.text('run_id', optional=True)}; {fix}"
+        )
+    if state.text("state", optional=True) != "done":
+        raise FileFormatError(
+            f"{path}: run {result.run_id} did not finish (marker state "
+            f"{json.dumps(state.data.get('state'))}): a failed run is never judged; {fix}"
+        )
+    return result
 
 
 if __name__ == "__main__":

@@ -221,18 +221,22 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 def rank_main(
     rank: int,
     spec: CaseSpec,
-    init_method: str,
+    store_path: str | None,
     run_dir_name: str,
     parent_pid: int,
     local_rank: int | None = None,
     case_out: str | None = None,
+    run_id: str = "",
 ) -> None:
     """Entry point of one rank. Writes exactly one of result/error file, then exits.
 
     Args:
+        store_path: the case's FileStore file (a plain path: no URI round trip that spaces,
+            ``%`` or ``#`` could break); None under torchrun, which rendezvouses through env://.
         parent_pid: the scaleguard parent to die with; 0 under torchrun, whose agent reaps.
         case_out: torchrun mode: rank 0 gathers every rank's result over the process group
-            (ranks may sit on other nodes) and writes the folded ``CaseResult`` here.
+            (ranks may sit on other nodes) and writes the folded ``RunResult`` here.
+        run_id: torchrun mode: the job's id, written into the record for ``ingest``.
     """
     run_dir = Path(run_dir_name)
     local_rank = rank if local_rank is None else local_rank
@@ -251,13 +255,19 @@ def rank_main(
                 # single node: gloo's connections stay on loopback unless the user says otherwise
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
             backend = "nccl" if spec.device == "cuda" else "gloo"
+            timeout = datetime.timedelta(seconds=120)
+            rendezvous: dict[str, Any] = (
+                {"init_method": "env://"}
+                if store_path is None
+                else {"store": dist.FileStore(store_path, spec.world_size)}  # type: ignore[attr-defined]
+            )
             dist.init_process_group(
                 backend,
-                init_method=init_method,
                 rank=rank,
                 world_size=spec.world_size,
-                timeout=datetime.timedelta(seconds=120),
+                timeout=timeout,
                 device_id=device if device.type == "cuda" else None,
+                **rendezvous,
             )
         status.set("build model and batches")
         if fault is not None and fault.applies(rank, "setup", 0):
@@ -283,6 +293,7 @@ def rank_main(
         clock: timing.StepClock = (
             timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
         )
+        measure_start = time.time()
         measured = timing.measure(
             step,
             clock,
@@ -291,6 +302,7 @@ def rank_main(
             agree_max=_agree_max(spec, device),
             before_step=before_step,
         )
+        measure_end = time.time()
         status.set("writing result")
         peak, mem_kind = _peak_memory(device)
         result = RankResult(
@@ -305,11 +317,13 @@ def rank_main(
             device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()),
             runtime=runtime_versions(),
             settings=settings,
+            measure_start_unix=measure_start,
+            measure_end_unix=measure_end,
         )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
         if case_out is not None:
             status.set("gathering results on rank 0")
-            _write_case(spec, result, Path(case_out))
+            _write_case(spec, result, Path(case_out), run_id)
         status.set("done")
     except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl-C too, is reported
         failure = RankFailure(
@@ -331,9 +345,11 @@ def rank_main(
             dist.destroy_process_group()
 
 
-def _write_case(spec: CaseSpec, mine: RankResult, out: Path) -> None:
-    """Rank 0 writes the whole case (all ranks folded), for ``scaleguard ingest``."""
-    from scaleguard.records import CaseResult
+def _write_case(spec: CaseSpec, mine: RankResult, out: Path, run_id: str) -> None:
+    """Rank 0 writes the whole run (all ranks folded), for ``scaleguard ingest``."""
+    from dataclasses import replace
+
+    from scaleguard.records import RunResult
 
     ranks = [mine.to_dict()]
     if spec.is_distributed:
@@ -342,7 +358,7 @@ def _write_case(spec: CaseSpec, mine: RankResult, out: Path) -> None:
         ranks = gathered
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    result = CaseResult.from_ranks(spec, [RankResult.from_dict(r) for r in ranks])
+    result = replace(RunResult.from_ranks(spec, [RankResult.from_dict(r) for r in ranks]), run_id=run_id)
     atomic_write_json(out / f"{spec.case_id}.case.json", result.to_dict())
 
 

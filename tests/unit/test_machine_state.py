@@ -64,3 +64,38 @@ def test_case_monitor_catches_a_throttle_between_before_and_after(monkeypatch: p
     assert monitor.summary()["reasons"] == ["sw_power_cap"] and monitor.summary()["samples"] == 2
     assert machine_state.throttle_reasons(None, None, *monitor.samples) == ["gpu0: sw_power_cap"]
     assert machine_state.CaseMonitor(0).summary() == {}
+
+
+def states(clock: int, *reasons: str, index: int = 0) -> tuple[machine_state.GpuState, ...]:
+    return (machine_state.GpuState(index, clock, 1980, 70, 600.0, reasons),)
+
+
+def test_sw_power_cap_alone_is_recorded_not_quarantined() -> None:
+    verdict = machine_state.assess([states(1900, "sw_power_cap")] * 5)
+    assert verdict.quarantine is None and verdict.readings["reasons"] == ["sw_power_cap"]
+    assert verdict.readings["median_sm_clock_mhz"] == 1900
+
+
+@pytest.mark.parametrize(
+    "reason", ["hw_slowdown", "hw_power_brake_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown"]
+)
+def test_hardware_and_thermal_slowdowns_quarantine(reason: str) -> None:
+    verdict = machine_state.assess([states(1900), states(1900, reason)])
+    assert verdict.quarantine is not None and reason in verdict.quarantine
+
+
+def test_a_low_median_clock_quarantines_unless_clocks_are_locked() -> None:
+    low = machine_state.assess([states(1200, "sw_power_cap")] * 3 + [states(1900)])
+    assert low.quarantine is not None and "median SM clock 1200 MHz" in low.quarantine
+    locked = machine_state.assess([states(1200, "applications_clocks_setting")] * 3)
+    assert locked.quarantine is None and locked.clocks_locked and locked.readings["clocks_locked"]
+
+
+def test_monitor_keeps_only_samples_inside_the_measured_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(0x8))
+    monitor = machine_state.CaseMonitor(1, period_s=0.0)
+    monitor.tick()
+    inside = monitor.times[-1]
+    monitor.tick()
+    assert len(monitor.during(inside, inside)) == 1
+    assert machine_state.assess(monitor.during(inside, inside)).quarantine is not None

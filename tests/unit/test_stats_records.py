@@ -5,10 +5,11 @@ import os
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from scaleguard.records import CaseResult, RankResult, atomic_write_json
-from scaleguard.stats import StepSummary, slowest_rank_steps
+from scaleguard.records import FileFormatError, RankResult, RunResult, atomic_write_json, read_document
+from scaleguard.stats import StepSummary, median_ci_halfwidth, run_shift, slowest_rank_steps
 from tests.conftest import tiny_spec
 
 
@@ -21,17 +22,31 @@ def test_summary_matches_python_statistics() -> None:
     assert s.stddev_s == pytest.approx(statistics.stdev(samples))
     assert s.min_s == 0.10 and s.max_s == 0.50
     assert s.q1_s < s.median_s < s.q3_s
-
-
-def test_noise_flag_follows_iqr_over_median() -> None:
-    assert not StepSummary.of([1.0, 1.01, 0.99, 1.0]).is_noisy
-    assert StepSummary.of([1.0, 1.5, 0.6, 1.0, 2.0]).is_noisy
+    assert s.mad_s == pytest.approx(statistics.median(abs(x - s.median_s) for x in samples))
 
 
 def test_slowest_rank_per_step() -> None:
     assert slowest_rank_steps([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == (3.0, 5.0, 2.5)
     with pytest.raises(ValueError, match="different step counts"):
         slowest_rank_steps([[1.0], [1.0, 2.0]])
+
+
+def test_median_ci_covers_and_narrows_with_more_steps() -> None:
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(300):
+        data = rng.lognormal(0, 0.1, 40)
+        half = median_ci_halfwidth(data)
+        covered += abs(np.median(data) - 1.0) <= half * np.median(data)
+    assert covered >= 270  # nominal 95 %: far above a broken interval's rate
+    assert median_ci_halfwidth(rng.normal(1, 0.1, 2000)) < median_ci_halfwidth(rng.normal(1, 0.1, 50))
+    assert median_ci_halfwidth([1.0] * 5) == float("inf")
+
+
+def test_run_shift_young_baseline_uses_the_prior_as_known_spread() -> None:
+    shift = run_shift([1.2], [1.0], relative=True, prior_spread=0.05, min_spread=0.0, young=True)
+    assert shift.spread_assumed and shift.spread == 0.05
+    assert shift.change == pytest.approx(0.2) and shift.p_up < 0.01 and shift.p_down > 0.99
 
 
 def _rank(rank: int, steps: tuple[float, ...]) -> RankResult:
@@ -50,26 +65,23 @@ def _rank(rank: int, steps: tuple[float, ...]) -> RankResult:
     )
 
 
-def test_case_result_folds_ranks_and_derives_speedup() -> None:
-    ws2 = CaseResult.from_ranks(tiny_spec(world_size=2), [_rank(1, (0.2, 0.4)), _rank(0, (0.3, 0.1))])
+def test_run_result_folds_ranks() -> None:
+    ws2 = RunResult.from_ranks(tiny_spec(world_size=2), [_rank(1, (0.2, 0.4)), _rank(0, (0.3, 0.1))])
     assert ws2.step_s == (0.3, 0.4)
     assert ws2.samples_per_s == pytest.approx(8 / 0.35)
     assert ws2.peak_mem_bytes == (100, 101)
-    ws1 = CaseResult.from_ranks(tiny_spec(world_size=1), [_rank(0, (0.5, 0.5))])
-    scaled = ws2.with_reference(ws1)
-    assert scaled.speedup == pytest.approx((8 / 0.35) / (8 / 0.5))
-    assert scaled.scaling_efficiency == pytest.approx(scaled.speedup / 2)
-    other_group = CaseResult.from_ranks(tiny_spec(world_size=1, mode="single"), [_rank(0, (0.5, 0.5))])
-    assert ws2.with_reference(other_group).speedup is None
 
 
-def test_records_round_trip_through_json() -> None:
-    result = CaseResult.from_ranks(tiny_spec(), [_rank(0, (0.2, 0.4)), _rank(1, (0.2, 0.4))])
-    again = CaseResult.from_dict(json.loads(json.dumps(result.to_dict())))
+def test_records_round_trip_and_wrong_types_are_named(tmp_path: Path) -> None:
+    result = RunResult.from_ranks(tiny_spec(), [_rank(0, (0.2, 0.4)), _rank(1, (0.2, 0.4))])
+    again = RunResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again == result
-    data = result.to_dict() | {"schema_version": 99}
-    with pytest.raises(ValueError, match="schema_version 99"):
-        CaseResult.from_dict(data)
+    with pytest.raises(FileFormatError, match="field 'step_s' item 1 is str"):
+        RunResult.from_dict(result.to_dict() | {"step_s": [0.1, "abc"]})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result.to_dict() | {"schema_version": 99}))
+    with pytest.raises(FileFormatError, match=r"schema_version 99.*newer scaleguard"):
+        read_document(path, "run record", "fix it")
 
 
 def test_atomic_write_leaves_old_file_when_interrupted(
@@ -87,3 +99,14 @@ def test_atomic_write_leaves_old_file_when_interrupted(
         atomic_write_json(target, {"a": 2})
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temp file left
+
+
+def test_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+    atomic_write_json(target, {"a": 1})
+    os.chmod(target, 0o644)
+    atomic_write_json(target, {"a": 2})
+    assert target.stat().st_mode & 0o777 == 0o644
+    os.chmod(target, 0o640)
+    atomic_write_json(target, {"a": 3})
+    assert target.stat().st_mode & 0o777 == 0o640

@@ -1,0 +1,202 @@
+"""The session's ledger: every run measured in this session, grouped per case; the verdicts
+against the baseline; and which cases may enter the baseline file.
+
+It launches nothing (``session.py`` schedules runs, ``runner.py`` makes one), so ``scaleguard
+ingest`` feeds it torchrun records through the same judge and the same baseline merge.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaleguard import baseline
+from scaleguard.baseline import BaselineFile
+from scaleguard.case import CaseSpec
+from scaleguard.compare import Status, Thresholds, Verdict, decide, thresholds_for
+from scaleguard.evidence import CaseEvidence, RunRecord, config_of
+from scaleguard.records import RunResult
+
+
+@dataclass
+class BaselineContext:
+    """What the verdicts compare against and how updates are made, decided once per session."""
+
+    path: Path
+    file: BaselineFile | None  # None: no baseline recorded for this hardware yet
+    hardware_key: str
+    hardware: dict[str, Any]
+    torch_pick: str | None = None
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    per_case: list[str] = field(default_factory=list)
+    commit: str | None = None
+    keep_runs: int = baseline.DEFAULT_KEEP_RUNS
+    accept: tuple[str, ...] = ()  # case-id globs the user accepts whatever their verdict
+    accept_reason: str | None = None
+
+    def reason_missing(self, case_id: str) -> str:
+        if self.file is None:
+            return (
+                f"no baseline for hardware {self.hardware_key} ({self.path} does not exist; "
+                "record one with --perf-update-baselines --perf-repeats 3)"
+            )
+        if self.file.hardware_key != self.hardware_key:
+            return (
+                f"{self.path} was recorded on {self.file.hardware_key}, this is "
+                f"{self.hardware_key}: other hardware is never compared"
+            )
+        pick = f" for torch {self.torch_pick}" if self.torch_pick else ""
+        return f"no baseline entry for {case_id}{pick} in {self.path}"
+
+    def entry(self, case_id: str) -> CaseEvidence | None:
+        if self.file is None or self.file.hardware_key != self.hardware_key:
+            return None
+        return self.file.entry(case_id, self.torch_pick)
+
+    def thresholds_for(self, case_id: str) -> Thresholds:
+        return thresholds_for(case_id, self.thresholds, self.per_case)
+
+    def accepted(self, case_id: str) -> bool:
+        return any(fnmatch.fnmatchcase(case_id, pattern) for pattern in self.accept)
+
+
+# verdicts whose runs enter the baseline without being accepted; IMPROVED restarts the entry
+_RECORDABLE = (Status.OK, Status.NEW, Status.IMPROVED)
+
+
+class Ledger:
+    """Runs of this session per case, their verdicts, and the baseline merge."""
+
+    def __init__(self, session_id: str, baselines: BaselineContext | None = None) -> None:
+        self.session_id = session_id
+        self.baselines = baselines
+        self.specs: dict[str, CaseSpec] = {}
+        self.results: dict[str, list[RunResult]] = {}
+        self.records: dict[str, list[RunRecord]] = {}
+        self.verdicts: dict[str, Verdict] = {}
+        self.failures: dict[str, str] = {}
+        self._runs = 0
+
+    def add(self, result: RunResult, session: str | None = None) -> RunRecord:
+        """Record one run of its case (efficiency is attached when the evidence is read)."""
+        spec = result.spec
+        self._runs += 1
+        commit = self.baselines.commit if self.baselines else None
+        session = session or self.session_id
+        run = RunRecord.from_result(result, f"{session}-{self._runs}", session, commit)
+        self.specs[spec.case_id] = spec
+        self.results.setdefault(spec.case_id, []).append(result)
+        self.records.setdefault(spec.case_id, []).append(run)
+        return run
+
+    def fail(self, case_id: str, reason: str) -> None:
+        self.failures[case_id] = reason
+
+    def ws1_samples_per_s(self, group_id: str) -> float | None:
+        """The world-size-1 reference of a group: geometric mean of samples/s over the
+        evidence runs of its ws1 case in this session. The one place speedup is anchored."""
+        for case_id, spec in self.specs.items():
+            if spec.group_id == group_id and spec.world_size == 1:
+                rates = [r.samples_per_s for r in self.records[case_id] if r.quarantine is None]
+                rates = rates or [r.samples_per_s for r in self.records[case_id]]
+                return float(math.exp(np.mean(np.log(rates))))
+        return None
+
+    def evidence(self, case_id: str) -> CaseEvidence:
+        """This session's runs of ``case_id``, with speedup and efficiency per run."""
+        spec = self.specs[case_id]
+        reference = self.ws1_samples_per_s(spec.group_id)
+        runs = self.records[case_id]
+        if reference is not None:
+            runs = [
+                replace(
+                    r,
+                    speedup=r.samples_per_s / reference,
+                    scaling_efficiency=r.samples_per_s / reference / spec.world_size,
+                )
+                for r in runs
+            ]
+        last = self.results[case_id][-1]
+        return CaseEvidence(
+            case_id=case_id,
+            group_id=spec.group_id,
+            world_size=spec.world_size,
+            config=config_of(spec.to_dict()),
+            versions=dict(last.runtime),
+            runs=tuple(runs),
+        )
+
+    def judge(self, case_id: str) -> Verdict | None:
+        """Verdict of this session's runs of ``case_id`` (None when baselines are off)."""
+        ctx = self.baselines
+        if ctx is None:
+            return None
+        spec = self.specs[case_id]
+        ws1 = next(
+            (
+                v.status
+                for cid, v in self.verdicts.items()
+                if self.specs[cid].group_id == spec.group_id and self.specs[cid].world_size == 1
+            ),
+            None,
+        )
+        verdict = decide(
+            self.evidence(case_id),
+            ctx.entry(case_id),
+            ctx.thresholds_for(case_id),
+            ws1_status=ws1,
+            new_reason=ctx.reason_missing(case_id),
+        )
+        self.verdicts[case_id] = verdict
+        return verdict
+
+    def baseline_additions(self) -> tuple[list[CaseEvidence], frozenset[str], dict[str, str]]:
+        """What this session may add to the baseline: (entries, case ids that restart their
+        entry, {case id: why left out}). A REGRESSED, INCONCLUSIVE or NOISY case, a quarantined
+        run and a failed case are never recorded unless accepted by ``--perf-accept``."""
+        ctx = self.baselines
+        assert ctx is not None
+        additions: list[CaseEvidence] = []
+        restart: set[str] = set()
+        left_out: dict[str, str] = {
+            cid: f"failed: {why.splitlines()[0]}" for cid, why in self.failures.items()
+        }
+        for case_id in self.records:
+            if case_id in self.failures:
+                continue
+            evidence = self.evidence(case_id)
+            verdict = self.verdicts.get(case_id)
+            status = verdict.status if verdict else Status.NEW
+            good = evidence.evidence
+            accepted = ctx.accepted(case_id)
+            if not good:
+                left_out[case_id] = "every run was quarantined (" + (evidence.runs[0].quarantine or "") + ")"
+                continue
+            if status not in _RECORDABLE and not accepted:
+                left_out[case_id] = f"{status.value} (record it anyway with --perf-accept '{case_id}')"
+                continue
+            if accepted and status not in _RECORDABLE:
+                good = tuple(replace(r, accepted=ctx.accept_reason) for r in good)
+                restart.add(case_id)
+            if status is Status.IMPROVED:
+                restart.add(case_id)
+            additions.append(evidence.with_runs(good))
+        return additions, frozenset(restart), left_out
+
+    def update_baselines(self) -> tuple[Path, list[str], dict[str, str], frozenset[str]]:
+        """Merge this session's recordable cases into the baseline file under its lock.
+
+        Returns the path, the case ids written, those left out with the reason, and those whose
+        entry restarted at this session's level.
+        """
+        ctx = self.baselines
+        assert ctx is not None
+        additions, restart, left_out = self.baseline_additions()
+        if additions:
+            baseline.update(ctx.path, ctx.hardware_key, ctx.hardware, additions, restart, ctx.keep_runs)
+        return ctx.path, [a.case_id for a in additions], left_out, restart

@@ -1,0 +1,133 @@
+"""The schedule of runs in one session: repeats interleaved across cases, confirm runs in
+blocks for a case that looks changed, and a paused re-measure for a quarantined run.
+
+Every run is a fresh set of rank processes (``runner.run_once``): two runs of one case never
+share a process. A quiet night costs one run per case; only a case that looks regressed,
+improved or undecided pays for confirm runs (as Chromium Pinpoint adds attempts until it can
+say DIFFERENT or SAME), and a case still undecided at the cap is INCONCLUSIVE, never REGRESSED.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaleguard import runner
+from scaleguard.case import CaseSpec
+from scaleguard.compare import Status, Verdict
+from scaleguard.launcher import CaseFailedError
+from scaleguard.ledger import Ledger
+from scaleguard.records import RunResult
+
+RunFn = Callable[[CaseSpec, Path, float], RunResult]
+
+# statuses that buy confirm runs
+_UNSETTLED = (Status.REGRESSED, Status.IMPROVED, Status.INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How many runs a case gets.
+
+    Defaults per device come from ``for_device``; README "Measured" has the numbers.
+    """
+
+    repeats: int = 1  # runs of every case, interleaved across cases (recording: 3)
+    confirm: int = 4  # extra runs at most for a case that looks changed
+    confirm_block: int = 2  # confirm runs added between decisions
+    quarantine_retries: int = 2  # re-measures of a run the machine spoiled
+    quarantine_pause_s: float = 30.0  # let a hot or capped GPU recover first
+
+    @classmethod
+    def for_device(cls, device: str, repeats: int | None = None, confirm: int | None = None) -> Schedule:
+        base = cls(quarantine_pause_s=5.0) if device == "cpu" else cls()
+        return cls(
+            repeats=repeats if repeats is not None else base.repeats,
+            confirm=confirm if confirm is not None else base.confirm,
+            confirm_block=base.confirm_block,
+            quarantine_retries=base.quarantine_retries,
+            quarantine_pause_s=base.quarantine_pause_s,
+        )
+
+
+class PerfSession:
+    """Runs cases for one pytest session (or one ``scaleguard`` command) into a ledger."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        base_dir: Path,
+        timeout_s: float,
+        schedule: Schedule,
+        run: RunFn = runner.run_once,
+        sleep: Callable[[float], None] = time.sleep,
+        on_run: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.ledger = ledger
+        self.base_dir = base_dir
+        self.timeout_s = timeout_s
+        self.schedule = schedule
+        self._run_fn = run
+        self._sleep = sleep
+        self._on_run = on_run
+        self._errors: dict[str, CaseFailedError] = {}
+        self._prefetched = False
+        self._count = 0
+
+    def prefetch(self, specs: Iterable[CaseSpec]) -> None:
+        """With ``repeats`` R > 1, runs 1..R-1 of every case, round-robin across cases, before
+        the first case reports: repeats of one case are then spread over the session instead
+        of back to back. Each case's test then makes its last run and is judged."""
+        if self._prefetched:
+            return
+        self._prefetched = True
+        specs = list(specs)
+        for round_index in range(self.schedule.repeats - 1):
+            for spec in specs:
+                if spec.case_id in self._errors:
+                    continue
+                self._on_run(f"{spec.case_id}: run {round_index + 1} of {self.schedule.repeats}")
+                try:
+                    self._one_run(spec)
+                except CaseFailedError:
+                    continue  # kept in _errors: the case's own test reports it
+
+    def measure(self, spec: CaseSpec) -> Verdict | None:
+        """The case's last scheduled run, its verdict, and confirm runs while it is unsettled.
+
+        Raises:
+            CaseFailedError: one of its runs failed (the case is not judged).
+        """
+        if spec.case_id in self._errors:
+            raise self._errors[spec.case_id]
+        self._one_run(spec)
+        verdict = self.ledger.judge(spec.case_id)
+        extra = 0
+        while verdict is not None and verdict.status in _UNSETTLED and extra < self.schedule.confirm:
+            block = min(self.schedule.confirm_block, self.schedule.confirm - extra)
+            self._on_run(f"{spec.case_id}: {verdict.status.value} so far; {block} confirm runs")
+            for _ in range(block):
+                self._one_run(spec)
+                extra += 1
+            verdict = self.ledger.judge(spec.case_id)
+        return verdict
+
+    def _one_run(self, spec: CaseSpec) -> None:
+        """One run; a quarantined run is kept, and the case measured again after a pause."""
+        for attempt in range(1 + self.schedule.quarantine_retries):
+            self._count += 1
+            run_dir = self.base_dir / f"{spec.case_id}.run{self._count}"
+            try:
+                result = self._run_fn(spec, run_dir, self.timeout_s)
+            except CaseFailedError as exc:
+                self._errors[spec.case_id] = exc
+                self.ledger.fail(spec.case_id, exc.reason)
+                raise
+            self.ledger.add(result)
+            if result.quarantine is None:
+                return
+            if attempt < self.schedule.quarantine_retries:
+                self._on_run(f"{spec.case_id}: run quarantined ({result.quarantine}); pausing, then again")
+                self._sleep(self.schedule.quarantine_pause_s)

@@ -1,0 +1,71 @@
+"""``scaleguard ingest`` takes only records that their own, finished torchrun run wrote."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scaleguard import torchrun_entry
+from scaleguard.cli import main as cli_main
+from scaleguard.records import RankResult, RunResult, atomic_write_json
+from tests.conftest import tiny_spec
+
+
+def write_run(out: Path, finish: bool = True) -> Path:
+    spec = tiny_spec(world_size=1)
+    steps = (0.1, 0.11, 0.1, 0.12)
+    rank = RankResult(
+        spec.case_id,
+        0,
+        steps,
+        (),
+        True,
+        0.1,
+        1000,
+        "host_max_rss",
+        "cpu",
+        {"torch": "t"},
+        {"threads_per_rank": 1},
+    )
+    run_id = torchrun_entry._start_marker(out, spec.case_id, "job")
+    atomic_write_json(torchrun_entry.record_path(out, spec.case_id),
+                      replace(RunResult.from_ranks(spec, [rank]), run_id=run_id).to_dict())  # fmt: skip
+    if finish:
+        torchrun_entry._write_marker(out, spec.case_id, run_id, "done")
+    return torchrun_entry.record_path(out, spec.case_id)
+
+
+def test_a_finished_record_is_ingested(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = write_run(tmp_path)
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 0
+    assert "1 cases recorded" in capsys.readouterr().out
+
+
+def test_a_record_of_a_failed_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = write_run(tmp_path, finish=False)
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path)]) == 2
+    assert "did not finish" in capsys.readouterr().err
+
+
+def test_a_stale_record_is_refused_and_a_new_run_removes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = write_run(tmp_path)
+    old_bytes = record.read_bytes()
+    torchrun_entry._start_marker(tmp_path, tiny_spec(world_size=1).case_id, "job2")  # the next job starts
+    assert not record.exists()  # its stale output is gone before it runs
+    record.write_bytes(old_bytes)  # e.g. restored by a careless copy: the marker names job2
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path)]) == 2
+    assert "stale record" in capsys.readouterr().err
+
+
+def test_a_corrupt_record_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = write_run(tmp_path)
+    data = json.loads(record.read_text())
+    data["step_s"] = "abc"
+    record.write_text(json.dumps(data))
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path)]) == 2
+    assert "field 'step_s'" in capsys.readouterr().err

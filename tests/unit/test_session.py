@@ -1,0 +1,153 @@
+"""The run schedule with a fake launcher: quiet cases cost one run, unsettled ones buy confirm
+runs in blocks, repeats are interleaved across cases, quarantined runs are re-measured."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scaleguard.case import CaseSpec
+from scaleguard.compare import Status, Thresholds
+from scaleguard.launcher import CaseFailedError
+from scaleguard.ledger import BaselineContext, Ledger
+from scaleguard.records import RankResult, RunResult
+from scaleguard.session import PerfSession, Schedule
+from tests.conftest import tiny_spec
+
+
+def result(spec: CaseSpec, median: float, quarantine: str | None = None) -> RunResult:
+    steps = tuple(median * (1 + 0.001 * (i % 3)) for i in range(10))
+    rank = RankResult(spec.case_id, 0, steps, (), True, 0.1, 1000, "host_max_rss", "cpu", {"torch": "t"}, {})
+    return replace(RunResult.from_ranks(spec, [rank]), quarantine=quarantine)
+
+
+class FakeLauncher:
+    """Returns the next median for a case; records the order of runs and their directories."""
+
+    def __init__(self, medians: dict[str, list[float]], quarantine_first: int = 0) -> None:
+        self.medians = medians
+        self.calls: list[tuple[str, Path]] = []
+        self.quarantine_left = quarantine_first
+
+    def __call__(self, spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunResult:
+        self.calls.append((spec.case_id, run_dir))
+        queue = self.medians[spec.case_id]
+        median = queue.pop(0) if len(queue) > 1 else queue[0]
+        if median < 0:
+            raise CaseFailedError(spec.case_id, 1, "boom")
+        if self.quarantine_left:
+            self.quarantine_left -= 1
+            return result(spec, median, quarantine="GPU slowed itself down (gpu0: hw_slowdown)")
+        return result(spec, median)
+
+
+DEFAULT = Schedule(repeats=1, confirm=4, quarantine_pause_s=7)
+
+
+def session(tmp_path: Path, fake: FakeLauncher, baseline_medians: dict[str, float] | None = None,
+            schedule: Schedule = DEFAULT) -> tuple[PerfSession, list[float]]:  # fmt: skip
+    ctx = None
+    if baseline_medians is not None:
+        ctx = BaselineContext(tmp_path / "b.json", None, "k", {}, thresholds=Thresholds.for_device("cpu"))
+        seed = Ledger("old", None)
+        for cid, median in baseline_medians.items():
+            spec = SPECS[cid]
+            for index in range(6):
+                seed.add(result(spec, median * (1 + 0.01 * (index % 3 - 1))), session=f"old{index % 3}")
+        from scaleguard.baseline import BaselineFile
+
+        ctx.file = BaselineFile(ctx.path, "k", {}).merged([seed.evidence(cid) for cid in baseline_medians])
+    sleeps: list[float] = []
+    return PerfSession(Ledger("now", ctx), tmp_path, 60, schedule, run=fake, sleep=sleeps.append), sleeps
+
+
+A, B = tiny_spec(world_size=1), tiny_spec(world_size=1, mode="single")
+SPECS = {A.case_id: A, B.case_id: B}
+
+
+def test_a_quiet_case_costs_one_run_and_is_ok(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.1]})
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1})
+    assert perf.measure(A).status is Status.OK
+    assert len(fake.calls) == 1
+
+
+def test_a_slow_case_gets_confirm_runs_in_blocks_then_fails(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.2]})
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1})
+    verdict = perf.measure(A)
+    assert verdict is not None and verdict.status is Status.REGRESSED
+    assert len(fake.calls) in (3, 5)  # 1 + blocks of 2 until decided
+    assert len({d for _, d in fake.calls}) == len(fake.calls)  # never the same run: fresh dirs
+
+
+def test_a_one_run_fluke_is_not_a_regression(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.2, 0.1, 0.1, 0.1, 0.1]})  # first run slow, then normal
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1})
+    verdict = perf.measure(A)
+    assert verdict is not None and verdict.status is not Status.REGRESSED, verdict.story
+    assert len(fake.calls) > 1
+
+
+def test_confirm_zero_judges_the_scheduled_runs_only(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.2]})
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1}, Schedule(confirm=0))
+    perf.measure(A)
+    assert len(fake.calls) == 1
+
+
+def test_repeats_are_interleaved_across_cases(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.1], B.case_id: [0.1]})
+    perf, _ = session(tmp_path, fake, None, Schedule(repeats=3))
+    perf.prefetch([A, B])
+    perf.measure(A)
+    perf.measure(B)
+    assert [cid for cid, _ in fake.calls] == [A.case_id, B.case_id] * 2 + [A.case_id, B.case_id]
+    assert len(perf.ledger.evidence(A.case_id).runs) == 3
+
+
+def test_a_quarantined_run_is_kept_and_measured_again_after_a_pause(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.5, 0.1]}, quarantine_first=1)
+    perf, sleeps = session(tmp_path, fake, {A.case_id: 0.1})
+    verdict = perf.measure(A)
+    assert verdict is not None and verdict.status is Status.OK, verdict.story
+    assert sleeps == [7] and len(perf.ledger.evidence(A.case_id).runs) == 2
+    additions, _, _ = perf.ledger.baseline_additions()
+    assert all(r.quarantine is None for a in additions for r in a.runs)  # never recorded
+
+
+def test_always_quarantined_is_noisy_not_regressed(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.5]}, quarantine_first=99)
+    perf, sleeps = session(tmp_path, fake, {A.case_id: 0.1})
+    verdict = perf.measure(A)
+    assert verdict is not None and verdict.status is Status.NOISY and "hw_slowdown" in verdict.story
+    assert len(sleeps) == 2
+
+
+def test_a_failed_prefetch_run_fails_its_case_only(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [-1.0], B.case_id: [0.1]})
+    perf, _ = session(tmp_path, fake, None, Schedule(repeats=2))
+    perf.prefetch([A, B])
+    with pytest.raises(CaseFailedError):
+        perf.measure(A)
+    assert perf.measure(B) is None  # baselines off: no verdict, but measured
+    assert A.case_id in perf.ledger.failures and len(perf.ledger.evidence(B.case_id).runs) == 2
+
+
+def test_regressed_and_inconclusive_cases_are_not_recorded_unless_accepted(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.2], B.case_id: [0.1]})
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1, B.case_id: 0.1})
+    perf.measure(A)
+    perf.measure(B)
+    additions, restart, left_out = perf.ledger.baseline_additions()
+    assert [a.case_id for a in additions] == [B.case_id]
+    assert left_out[A.case_id].startswith("REGRESSED (record it anyway with --perf-accept")
+    ctx = perf.ledger.baselines
+    assert ctx is not None
+    ctx.accept, ctx.accept_reason = ("*ddp*",), "new allocator, slower by design"
+    additions, restart, left_out = perf.ledger.baseline_additions()
+    assert {a.case_id for a in additions} == {A.case_id, B.case_id} and restart == {A.case_id}
+    accepted = next(a for a in additions if a.case_id == A.case_id)
+    assert all(r.accepted == "new allocator, slower by design" for r in accepted.runs)
