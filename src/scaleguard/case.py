@@ -25,7 +25,7 @@ INPUTS: tuple[Inputs, ...] = ("synthetic", "loader")
 class RunSettings:
     """Knobs that change speed; applied inside every rank and recorded with the result."""
 
-    steps: int
+    steps: int  # measured steps at least
     warmup_min: int
     warmup_max: int
     warmup_tolerance: float  # relative change of the running median that counts as "steady"
@@ -36,6 +36,12 @@ class RunSettings:
     seed: int = 0
     loader_workers: int = 2
     data_root: str | None = None
+    # adaptive sampling: after ``steps``, keep measuring in chunks until the median is pinned
+    # (95 % CI half-width at most ``target_median_ci`` of it), at most ``max_steps`` steps and
+    # ``max_measure_s`` seconds. 0 turns it off (exactly ``steps``).
+    max_steps: int = 0
+    max_measure_s: float = 0.0
+    target_median_ci: float = 0.0
 
 
 @dataclass(frozen=True)

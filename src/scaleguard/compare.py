@@ -75,7 +75,7 @@ class Thresholds:
         shared cores): session medians of identical runs spread by about 8 % on a 2-core VM.
         """
         if device == "cpu":
-            return cls(step=0.10, efficiency=0.10, prior_spread=0.08, min_spread=0.01)
+            return cls(step=0.10, efficiency=0.10, prior_spread=0.12, min_spread=0.04)
         return cls()
 
     @classmethod

@@ -3,22 +3,30 @@
 Set ``SCALEGUARD_INJECT_FAULT`` before a run, e.g. ``raise,rank=1,phase=measure,step=2``.
 Kinds: ``raise`` (a Python error), ``sigkill`` (as the OOM killer would), ``hang`` (SIGSTOP:
 the rank stops answering), ``exit0`` (exits cleanly without a result), ``nan`` (the loss turns
-non-finite), ``oom`` (a real out-of-memory on CUDA, a simulated one on CPU), and ``commdelay``
-(DDP all-reduce delayed by ``ms`` per bucket on world sizes > 1: a communication regression).
-The variable is read only inside ranks; nothing is injected unless it is set.
+non-finite), ``oom`` (a real out-of-memory on CUDA, a simulated one on CPU), ``commdelay``
+(DDP all-reduce delayed by ``ms`` per bucket on world sizes > 1: a communication regression),
+and ``slow`` (a compute regression: each step made ``pct`` percent longer on CPU by busy work,
+or ``ms`` longer on CUDA by a device-side spin queued after the step).
+The variable is read only inside ranks; nothing is injected unless it is set. The worker knows
+three seams only: ``fire`` (at a phase and step), ``instrument_model`` and ``wrap_step``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 FAULT_ENV = "SCALEGUARD_INJECT_FAULT"
-KINDS = ("raise", "sigkill", "hang", "exit0", "nan", "oom", "commdelay")
+KINDS = ("raise", "sigkill", "hang", "exit0", "nan", "oom", "commdelay", "slow")
 
 
 class InjectedFault(RuntimeError):
@@ -32,6 +40,7 @@ class FaultSpec:
     phase: str = "measure"  # "setup", "warmup" or "measure"
     step: int = 0
     ms: float = 0.0
+    pct: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -42,7 +51,7 @@ class FaultSpec:
         for pair in pairs:
             key, _, value = pair.partition("=")
             values[key] = value
-        unknown = set(values) - {"rank", "phase", "step", "ms"}
+        unknown = set(values) - {"rank", "phase", "step", "ms", "pct"}
         if unknown:
             raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
         return cls(
@@ -51,6 +60,7 @@ class FaultSpec:
             phase=values.get("phase", "measure"),
             step=int(values.get("step", 0)),
             ms=float(values.get("ms", 0.0)),
+            pct=float(values.get("pct", 0.0)),
         )
 
     @classmethod
@@ -61,8 +71,59 @@ class FaultSpec:
     def applies(self, rank: int, phase: str, step: int) -> bool:
         return (self.rank is None or self.rank == rank) and self.phase == phase and self.step == step
 
+    def instrument_model(self, model: nn.Module) -> None:
+        """``commdelay``: delay every DDP bucket's all-reduce (world sizes > 1)."""
+        if self.kind != "commdelay" or not dist.is_initialized() or dist.get_world_size() < 2:
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            model.register_comm_hook(self.ms / 1e3, _delayed_allreduce_hook)
+
+    def wrap_step(
+        self, step: Callable[[], torch.Tensor], rank: int, device: torch.device
+    ) -> Callable[[], torch.Tensor]:
+        """``nan``: the loss turns NaN from step ``self.step`` on; ``slow``: each step longer."""
+        if self.rank not in (None, rank):
+            return step
+        if self.kind == "nan":
+            calls = itertools.count()
+
+            def poisoned() -> torch.Tensor:
+                loss = step()
+                return loss * float("nan") if next(calls) >= self.step else loss
+
+            return poisoned
+        if self.kind == "slow":
+            return self._slowed(step, device)
+        return step
+
+    def _slowed(self, step: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+        if device.type == "cuda":
+            # spin the GPU after the step's kernels: device time, no host sync; ~1.4 GHz SM
+            # clocks are assumed only to size the spin, the effect is measured, not trusted
+            cycles = int(self.ms * 1e-3 * 1.4e9)
+
+            def slowed_cuda() -> torch.Tensor:
+                loss = step()
+                torch.cuda._sleep(cycles)
+                return loss
+
+            return slowed_cuda
+
+        def slowed_cpu() -> torch.Tensor:
+            start = time.perf_counter()
+            loss = step()
+            # busy work, not sleep: a slower kernel keeps its core busy
+            until = time.perf_counter() + (time.perf_counter() - start) * self.pct / 100
+            while time.perf_counter() < until:
+                pass
+            return loss
+
+        return slowed_cpu
+
     def fire(self, device: torch.device) -> None:
-        """Cause the fault now. ``nan`` and ``commdelay`` act elsewhere and do nothing here."""
+        """Cause the fault now. ``nan``, ``slow`` and ``commdelay`` act through the other seams."""
         if self.kind == "raise":
             raise InjectedFault(f"injected fault ({FAULT_ENV}={self})")
         if self.kind == "sigkill":
@@ -77,3 +138,14 @@ class FaultSpec:
                 free, _ = torch.cuda.mem_get_info(device)
                 torch.empty(free * 2, dtype=torch.uint8, device=device)  # a real CUDA OOM
             raise torch.OutOfMemoryError(f"injected: CPU out of memory (simulated, {FAULT_ENV}={self})")
+
+
+def _delayed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook that sleeps ``state`` seconds before each bucket's all-reduce (fault
+    ``commdelay``). DDP checks the names (``state, bucket``) and that ``bucket`` is annotated
+    with the GradBucket class itself, which string annotations (``from __future__ import
+    annotations``) are not: so it stays unannotated."""
+    time.sleep(state)
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])

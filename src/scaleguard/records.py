@@ -226,16 +226,16 @@ class Fields:
         value = self._get(key, optional)
         if value is None:
             return []
-        if not isinstance(value, list):
+        if not isinstance(value, (list, tuple)):  # tuple: a record's own to_dict(), not parsed
             raise self.fail(key, f"must be a list, found {type(value).__name__}")
         if len(value) > MAX_ITEMS:
             raise self.fail(key, f"has {len(value)} items, more than {MAX_ITEMS}")
-        return value
+        return list(value)
 
     def samples(self, key: str, min_len: int = 2) -> tuple[float, ...]:
         """Finite positive times, at least ``min_len`` and at most ``MAX_SAMPLES`` of them."""
         value = self._get(key, False)
-        if not isinstance(value, list):
+        if not isinstance(value, (list, tuple)):
             raise self.fail(key, f"must be a list of seconds, found {type(value).__name__}")
         if not min_len <= len(value) <= MAX_SAMPLES:
             raise self.fail(key, f"has {len(value)} samples; needs {min_len} to {MAX_SAMPLES}")

@@ -105,7 +105,7 @@ class PerfSession:
         self._one_run(spec)
         verdict = self.ledger.judge(spec.case_id)
         extra = 0
-        while verdict is not None and verdict.status in _UNSETTLED and extra < self.schedule.confirm:
+        while verdict is not None and self._unsettled(verdict, extra) and extra < self.schedule.confirm:
             block = min(self.schedule.confirm_block, self.schedule.confirm - extra)
             self._on_run(f"{spec.case_id}: {verdict.status.value} so far; {block} confirm runs")
             for _ in range(block):
@@ -113,6 +113,13 @@ class PerfSession:
                 extra += 1
             verdict = self.ledger.judge(spec.case_id)
         return verdict
+
+    def _unsettled(self, verdict: Verdict, extra: int) -> bool:
+        """INCONCLUSIVE always wants more runs; REGRESSED and IMPROVED until one confirm block
+        has repeated them in fresh processes (a change is never called on the first runs)."""
+        if verdict.status not in _UNSETTLED:
+            return False
+        return verdict.status is Status.INCONCLUSIVE or extra < self.schedule.confirm_block
 
     def _one_run(self, spec: CaseSpec) -> None:
         """One run; a quarantined run is kept, and the case measured again after a pause."""

@@ -92,6 +92,22 @@ class CudaEventClock:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How many steps to measure: at least ``min_steps``; then, while the median's 95 % CI
+    half-width exceeds ``target_ci`` of it, chunks of more steps up to ``max_steps`` steps and
+    ``max_seconds`` of measuring. ``target_ci`` 0: exactly ``min_steps``."""
+
+    min_steps: int
+    max_steps: int = 0
+    max_seconds: float = 0.0
+    target_ci: float = 0.0
+
+    @property
+    def chunk(self) -> int:
+        return max(5, self.min_steps // 2)
+
+
+@dataclass(frozen=True)
 class MeasuredSteps:
     """What one rank measured: its per-step times after warmup, and how warmup went."""
 
@@ -105,7 +121,7 @@ def measure(
     step: Callable[[], torch.Tensor],
     clock: StepClock,
     policy: WarmupPolicy,
-    steps: int,
+    steps: int | Sampling,
     agree_max: Callable[[float], float] = lambda x: x,
     before_step: Callable[[str, int], None] = lambda phase, i: None,
 ) -> MeasuredSteps:
@@ -115,7 +131,7 @@ def measure(
         step: runs one training step, returns the detached loss.
         clock: boundary recorder matching the device.
         policy: when warmup may stop.
-        steps: measured steps.
+        steps: measured steps, or a ``Sampling`` rule for adaptive sampling.
         agree_max: reduces a float to its maximum over ranks (identity in one process); every
             rank then takes the same warmup decision, so ranks never desynchronise.
         before_step: called with ("warmup"|"measure", index) before each step; host-side only.
@@ -137,21 +153,42 @@ def measure(
             steady = True
             break
 
+    sampling = steps if isinstance(steps, Sampling) else Sampling(steps)
     agree_max(0.0)  # a barrier: all ranks enter the measured steps together
     nonfinite = torch.zeros((), dtype=torch.bool, device=loss.device)
-    clock.reset()
-    clock.mark()
-    for index in range(steps):
-        before_step("measure", index)
-        loss = step()
-        # stays on the device: checking it here would add a host sync to every step
-        nonfinite |= ~torch.isfinite(loss)
+    step_s: list[float] = []
+    started = time.perf_counter()
+    chunk = sampling.min_steps
+    while True:
+        # boundaries restart per chunk: the read (a device sync) between chunks is not a step
+        clock.reset()
         clock.mark()
-    step_s = clock.intervals_s()
+        for index in range(len(step_s), len(step_s) + chunk):
+            before_step("measure", index)
+            loss = step()
+            # stays on the device: checking it here would add a host sync to every step
+            nonfinite |= ~torch.isfinite(loss)
+            clock.mark()
+        step_s += clock.intervals_s()
+        if not _wants_more(sampling, step_s, time.perf_counter() - started, agree_max):
+            break
+        chunk = min(sampling.chunk, sampling.max_steps - len(step_s))
     if bool(nonfinite.item()):
         raise NonFiniteLossError(
-            f"loss became non-finite during the {steps} measured steps (last loss {loss.item()})"
+            f"loss became non-finite during the {len(step_s)} measured steps (last loss {loss.item()})"
         )
     return MeasuredSteps(
         step_s=tuple(step_s), warmup_step_s=tuple(warmup_s), steady=steady, final_loss=float(loss.item())
     )
+
+
+def _wants_more(
+    sampling: Sampling, step_s: list[float], elapsed_s: float, agree_max: Callable[[float], float]
+) -> bool:
+    """Whether the median is not yet pinned and the caps allow more; the same answer on every
+    rank (the widest interval of any rank decides)."""
+    if sampling.target_ci <= 0 or len(step_s) >= sampling.max_steps or elapsed_s >= sampling.max_seconds:
+        return False
+    from scaleguard.stats import median_ci_halfwidth
+
+    return agree_max(median_ci_halfwidth(step_s)) > sampling.target_ci

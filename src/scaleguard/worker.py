@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import itertools
 import os
 import resource
 import signal
@@ -106,7 +105,7 @@ def _device_for(spec: CaseSpec, local_rank: int) -> torch.device:
     return device
 
 
-def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device, fault: FaultSpec | None) -> nn.Module:
+def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device) -> nn.Module:
     """The only place modes differ: how the model is parallelised."""
     if spec.mode == "single":
         return model
@@ -115,10 +114,7 @@ def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device, fault: FaultSp
     if spec.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if fault is not None and fault.kind == "commdelay" and dist.get_world_size() > 1:
-            ddp.register_comm_hook(fault.ms / 1e3, _delayed_allreduce_hook)
-        return ddp
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if spec.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -132,17 +128,6 @@ def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device, fault: FaultSp
         fully_shard(model)
         return model
     raise ValueError(f"unknown mode {spec.mode!r}")
-
-
-def _delayed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-    """DDP comm hook that sleeps ``state`` seconds before each bucket's all-reduce (fault
-    ``commdelay``). DDP checks the names (``state, bucket``) and that ``bucket`` is annotated
-    with the GradBucket class itself, which string annotations (``from __future__ import
-    annotations``) are not: so it stays unannotated."""
-    time.sleep(state)
-    tensor = bucket.buffer().div_(dist.get_world_size())
-    fut = dist.all_reduce(tensor, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
 
 
 def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) -> Iterator[Batch]:
@@ -164,16 +149,11 @@ def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) ->
     )
 
 
-def _nan_poison(fault: FaultSpec | None, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Identity, or (fault ``nan``) a loss turned NaN from step ``fault.step`` on."""
-    if fault is None or fault.kind != "nan" or fault.rank not in (None, rank):
-        return lambda loss: loss
-    calls = itertools.count()
-    return lambda loss: loss * float("nan") if next(calls) >= fault.step else loss
-
-
 def build_train_step(
-    spec: CaseSpec, device: torch.device, rank: int, fault: FaultSpec | None = None
+    spec: CaseSpec,
+    device: torch.device,
+    rank: int,
+    instrument: Callable[[nn.Module], None] = lambda model: None,
 ) -> Callable[[], torch.Tensor]:
     """A zero-argument closure running one full training step; returns the detached loss."""
     mdef = get_model_def(spec.model)
@@ -182,7 +162,8 @@ def build_train_step(
     channels_last = spec.settings.channels_last and mdef.kind == "image"
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    model = _wrap(model, spec, device, fault)
+    model = _wrap(model, spec, device)
+    instrument(model)  # the fault seam (faults.FaultSpec.instrument_model); nothing by default
     optimizer: torch.optim.Optimizer
     if mdef.kind == "image":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -194,7 +175,6 @@ def build_train_step(
     # synthetic batches are laid out once when built; loader batches arrive NCHW every step,
     # and converting them is part of the input pipeline being measured
     convert = channels_last and spec.inputs == "loader"
-    poison = _nan_poison(fault, rank)
 
     def step() -> torch.Tensor:
         inputs, targets = next(batches)
@@ -202,7 +182,6 @@ def build_train_step(
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
             loss = loss_fn(model(inputs), targets)
-        loss = poison(loss)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -272,7 +251,10 @@ def rank_main(
         status.set("build model and batches")
         if fault is not None and fault.applies(rank, "setup", 0):
             fault.fire(device)
-        step = build_train_step(spec, device, rank, fault)
+        if fault is None:
+            step = build_train_step(spec, device, rank)
+        else:
+            step = fault.wrap_step(build_train_step(spec, device, rank, fault.instrument_model), rank, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -294,11 +276,17 @@ def rank_main(
             timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
         )
         measure_start = time.time()
+        sampling = timing.Sampling(
+            spec.settings.steps,
+            spec.settings.max_steps,
+            spec.settings.max_measure_s,
+            spec.settings.target_median_ci,
+        )
         measured = timing.measure(
             step,
             clock,
             policy,
-            spec.settings.steps,
+            sampling,
             agree_max=_agree_max(spec, device),
             before_step=before_step,
         )

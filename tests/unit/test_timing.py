@@ -93,3 +93,17 @@ def test_warmup_decision_uses_the_slowest_rank() -> None:
     result = measure(step, clock, WarmupPolicy(min_steps=2, max_steps=10, window=2), 2, agree_max=agree_max)
     assert set(result.warmup_step_s) == {7.0}
     assert seen[-1] == 0.0  # the barrier before the measured steps
+
+
+def test_adaptive_sampling_pins_a_bimodal_median_with_more_steps() -> None:
+    from scaleguard.timing import Sampling
+
+    policy = WarmupPolicy(min_steps=2, max_steps=2)
+    bimodal = [1.0, 1.0] + [1.0 if i % 2 else 1.4 for i in range(400)]  # host-launch-bound steps
+    wide = run(bimodal, policy, Sampling(20, max_steps=200, max_seconds=1e9, target_ci=0.02))  # type: ignore[arg-type]
+    assert 20 < len(wide.step_s) <= 200 and len(wide.step_s) % 10 == 0
+    tight = [1.0] * 402
+    pinned = run(tight, policy, Sampling(20, max_steps=200, max_seconds=1e9, target_ci=0.02))  # type: ignore[arg-type]
+    assert len(pinned.step_s) == 20  # a pinned median costs nothing extra
+    capped = run(bimodal, policy, Sampling(20, max_steps=35, max_seconds=1e9, target_ci=0.001))  # type: ignore[arg-type]
+    assert len(capped.step_s) == 35

@@ -37,3 +37,12 @@ def test_workflow_runs_the_suite_nightly_and_keeps_the_evidence() -> None:
     assert upload["if"] == "always()"
     for kept in (".benchmarks/", "report.md", "report.png"):
         assert kept in upload["with"]["path"]
+
+
+def test_workflow_inputs_never_reach_a_shell_line_and_the_baseline_is_this_machines() -> None:
+    flow = yaml.safe_load(WORKFLOW.read_text())
+    for step in flow["jobs"]["perf"]["steps"]:
+        # ${{ inputs.* }} inside `run:` is pasted into the script: shell injection for dispatchers
+        assert "${{ inputs." not in step.get("run", ""), step.get("name")
+    runs = "\n".join(step.get("run", "") for step in flow["jobs"]["perf"]["steps"])
+    assert "scaleguard hardware-key" in runs and "baselines/*.json | head" not in runs
