@@ -100,9 +100,9 @@ class FaultSpec:
 
     def _slowed(self, step: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
         if device.type == "cuda":
-            # spin the GPU after the step's kernels: device time, no host sync; ~1.4 GHz SM
-            # clocks are assumed only to size the spin, the effect is measured, not trusted
-            cycles = int(self.ms * 1e-3 * 1.4e9)
+            # spin the GPU after the step's kernels: device time, no host sync. The spin is
+            # sized from a one-off timing of it (cycles per ms at this clock)
+            cycles = int(self.ms * _spin_cycles_per_ms(device))
 
             def slowed_cuda() -> torch.Tensor:
                 loss = step()
@@ -138,6 +138,17 @@ class FaultSpec:
                 free, _ = torch.cuda.mem_get_info(device)
                 torch.empty(free * 2, dtype=torch.uint8, device=device)  # a real CUDA OOM
             raise torch.OutOfMemoryError(f"injected: CPU out of memory (simulated, {FAULT_ENV}={self})")
+
+
+def _spin_cycles_per_ms(device: torch.device) -> float:
+    probe = 10_000_000
+    torch.cuda._sleep(probe)  # warm
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return probe / start.elapsed_time(end)
 
 
 def _delayed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
