@@ -2,7 +2,7 @@
 # Run-level verdicts on one H200 (issue 7): record resnet50 ddp ws1 cases with 3 runs each, then
 # identical sessions and sessions with a device-side slowdown (faults.py "slow": a GPU spin of
 # MS milliseconds queued after every step). Usage: benchmarks/h200_verdicts.sh PHASE OUTDIR
-#   record | quiet N | slow N   (slow: bf16 strong +2.7 ms, fp32 strong +4.1 ms: about 5 %)
+#   record | quiet N | slow N   (slow: bf16 strong +2.8 ms, fp32 strong +4.1 ms: about 5 %)
 set -u
 phase=$1; out=$2; n=${3:-1}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -16,7 +16,7 @@ case $phase in
            python -m pytest perf/test_train_step.py "${sel[@]}" --benchmark-save="quiet$i" \
              --benchmark-storage="file://$out/bench"; echo "quiet $i rc=$?"; done ;;
   slow) for i in $(seq 1 "$n"); do
-          SCALEGUARD_INJECT_FAULT=slow,ms=2.7 python -m pytest perf/test_train_step.py "${sel[@]}" -k "bf16 and strong"
+          SCALEGUARD_INJECT_FAULT=slow,ms=2.8 python -m pytest perf/test_train_step.py "${sel[@]}" -k "bf16 and strong"
           echo "slow bf16 $i rc=$?"
           SCALEGUARD_INJECT_FAULT=slow,ms=4.1 python -m pytest perf/test_train_step.py "${sel[@]}" -k "fp32 and strong"
           echo "slow fp32 $i rc=$?"; done ;;
