@@ -132,6 +132,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         ledger.add(result, session=result.run_id or None)
     for result in results:
         ledger.judge(result.spec.case_id)
+        ledger.complete(result.spec.case_id)
     console = Console(width=180)
     for table in report.scaling_tables(ledger):
         console.print(table)

@@ -80,6 +80,7 @@ class Ledger:
         self.records: dict[str, list[RunRecord]] = {}
         self.verdicts: dict[str, Verdict] = {}
         self.failures: dict[str, str] = {}
+        self.completed: set[str] = set()  # cases measured to the end (all scheduled runs)
         self._runs = 0
 
     def add(self, result: RunResult, session: str | None = None) -> RunRecord:
@@ -93,6 +94,10 @@ class Ledger:
         self.results.setdefault(spec.case_id, []).append(result)
         self.records.setdefault(spec.case_id, []).append(run)
         return run
+
+    def complete(self, case_id: str) -> None:
+        """The case got all its scheduled runs and its verdict: only such cases are recorded."""
+        self.completed.add(case_id)
 
     def fail(self, case_id: str, reason: str) -> None:
         self.failures[case_id] = reason
@@ -168,6 +173,9 @@ class Ledger:
         }
         for case_id in self.records:
             if case_id in self.failures:
+                continue
+            if case_id not in self.completed:
+                left_out[case_id] = "not measured to the end (its test was interrupted or timed out)"
                 continue
             evidence = self.evidence(case_id)
             verdict = self.verdicts.get(case_id)

@@ -80,6 +80,7 @@ class PerfState:
     _planned: list[Any] | None = None
     _baselines: Any = None
     session: Any = None  # scaleguard.session.PerfSession, made by the first perf case
+    run_root: Path | None = None  # rank files of every run; removed at the end
     selected: tuple[CaseSpec, ...] = ()  # the perf cases this session will run, in order
 
     def option(self, name: str) -> str | None:
@@ -221,6 +222,32 @@ class PerfState:
         )
         return self._baselines
 
+    def perf_session(self) -> Any:
+        """The session's scheduler and ledger, made once."""
+        if self.session is None:
+            import tempfile
+            import time
+            import uuid
+
+            from scaleguard.ledger import Ledger
+            from scaleguard.session import PerfSession
+
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+
+            def progress(line: str) -> None:
+                if reporter is not None:
+                    reporter.write_line(f"scaleguard: {line}")
+
+            self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+            self.session = PerfSession(
+                Ledger(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}", self.baseline_context()),
+                self.run_root,
+                self.timeout_s(),
+                self.schedule(),
+                on_run=progress,
+            )
+        return self.session
+
     def schedule(self) -> Any:
         from scaleguard.session import Schedule
 
@@ -314,8 +341,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         reason = serial_reason or planned.skip_reason
         marks = [pytest.mark.perf] + ([pytest.mark.skip(reason=reason)] if reason else [])
         if metafunc.config.pluginmanager.hasplugin("timeout"):
-            # --perf-timeout is the case's deadline; pytest-timeout must not cut in before it
-            marks.append(pytest.mark.timeout(state.timeout_s() + 60))
+            # --perf-timeout is each run's deadline; pytest-timeout must not cut in before a
+            # case's last legitimate run (confirm runs and quarantine re-measures included)
+            schedule = state.schedule()
+            runs = (1 + schedule.confirm) * (1 + schedule.quarantine_retries)
+            pause = schedule.quarantine_pause_s * schedule.quarantine_retries * (1 + schedule.confirm)
+            marks.append(pytest.mark.timeout(state.timeout_s() * runs + pause + 60))
         params.append(pytest.param(planned.spec, id=planned.spec.case_id, marks=marks))
     metafunc.parametrize("perf_case", params)
 
@@ -347,35 +378,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
+    """``--perf-repeats R``: runs 1..R-1 of every selected case, round-robin, before the first
+    test; outside any test item, so no per-test timeout applies to the whole prefetch."""
+    state = session.config.stash[STATE]
+    if state.selected and not session.config.option.collectonly and state.schedule().repeats > 1:
+        state.perf_session().prefetch(state.selected)
+    return (yield)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None and state.run_root is not None:
+        import shutil
+
+        shutil.rmtree(state.run_root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def perf_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def perf_session(request: pytest.FixtureRequest) -> Any:
     """Session-wide scheduler and ledger: spawns each run's ranks and keeps the evidence."""
-    import uuid
-
-    from scaleguard.ledger import Ledger
-    from scaleguard.session import PerfSession
-
-    state = request.config.stash[STATE]
-    if state.session is None:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-
-        def progress(line: str) -> None:
-            if reporter is not None:
-                reporter.write_line(f"scaleguard: {line}")
-
-        stamp = __import__("time").strftime("%Y%m%dT%H%M%S")
-        state.session = PerfSession(
-            Ledger(f"{stamp}-{uuid.uuid4().hex[:6]}", state.baseline_context()),
-            tmp_path_factory.mktemp("scaleguard-runs"),
-            state.timeout_s(),
-            state.schedule(),
-            on_run=progress,
-        )
-    return state.session
+    return request.config.stash[STATE].perf_session()
 
 
 @pytest.fixture
-def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) -> Callable[[CaseSpec], Any]:
+def perf_run(perf_session: Any, benchmark: Any) -> Callable[[CaseSpec], Any]:
     """Run a case (its runs, and confirm runs when it looks changed), store its steps in
     pytest-benchmark; a failed case or a REGRESSED verdict fails the test cleanly."""
     from scaleguard import benchmark_io
@@ -383,8 +411,6 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
 
     def run(spec: CaseSpec) -> Any:
         try:
-            # --perf-repeats: the earlier rounds of every selected case, interleaved, once
-            perf_session.prefetch(request.config.stash[STATE].selected or (spec,))
             verdict = perf_session.measure(spec)
         except CaseFailedError as exc:
             pytest.fail(str(exc), pytrace=False)

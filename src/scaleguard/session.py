@@ -112,6 +112,7 @@ class PerfSession:
                 self._one_run(spec)
                 extra += 1
             verdict = self.ledger.judge(spec.case_id)
+        self.ledger.complete(spec.case_id)
         return verdict
 
     def _unsettled(self, verdict: Verdict, extra: int) -> bool:

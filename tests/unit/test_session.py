@@ -151,3 +151,13 @@ def test_regressed_and_inconclusive_cases_are_not_recorded_unless_accepted(tmp_p
     assert {a.case_id for a in additions} == {A.case_id, B.case_id} and restart == {A.case_id}
     accepted = next(a for a in additions if a.case_id == A.case_id)
     assert all(r.accepted == "new allocator, slower by design" for r in accepted.runs)
+
+
+def test_a_case_not_measured_to_the_end_is_never_recorded(tmp_path: Path) -> None:
+    fake = FakeLauncher({A.case_id: [0.1], B.case_id: [0.1]})
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1, B.case_id: 0.1}, Schedule(repeats=2))
+    perf.prefetch([A, B])  # then A's test is interrupted before its last run: B alone finishes
+    perf.measure(B)
+    additions, _, left_out = perf.ledger.baseline_additions()
+    assert [a.case_id for a in additions] == [B.case_id]
+    assert left_out[A.case_id].startswith("not measured to the end")
