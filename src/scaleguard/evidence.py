@@ -63,6 +63,7 @@ class RunRecord:
     quarantine: str | None = None  # why the run is no evidence: throttled, disturbed ...
     accepted: str | None = None  # --perf-accept reason, when a non-OK run was recorded on purpose
     gpu: dict[str, Any] = field(default_factory=dict)  # clocks/power/temperature during the steps
+    host: dict[str, Any] = field(default_factory=dict)  # foreign CPU/GPU load during the steps
     wall_s: float = 0.0
 
     @property
@@ -88,6 +89,7 @@ class RunRecord:
             commit=commit,
             quarantine=result.quarantine,
             gpu=dict(result.machine_state.get("during_steps") or {}),
+            host=dict(result.machine_state.get("foreign_load") or {}),
             wall_s=result.wall_s,
         )
 
@@ -118,6 +120,7 @@ class RunRecord:
             quarantine=f.text("quarantine", optional=True),
             accepted=f.text("accepted", optional=True),
             gpu=f.raw_dict("gpu", optional=True),
+            host=f.raw_dict("host", optional=True),
             wall_s=float(f.number("wall_s", optional=True) or 0.0),
         )
 

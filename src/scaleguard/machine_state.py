@@ -99,6 +99,31 @@ def snapshot(device_count: int) -> tuple[GpuState, ...] | None:
         pynvml.nvmlShutdown()
 
 
+def running_pids(device_count: int) -> set[int]:
+    """Processes NVML sees computing on the first ``device_count`` visible GPUs."""
+    if device_count <= 0:
+        return set()
+    try:
+        import pynvml
+    except ImportError:
+        return set()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return set()
+    try:
+        pids: set[int] = set()
+        for index in _nvml_indices(device_count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                pids.add(int(proc.pid))
+        return pids
+    except (pynvml.NVMLError, AttributeError):
+        return set()
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def throttle_reasons(*snapshots: tuple[GpuState, ...] | None) -> list[str]:
     """Throttling seen in any snapshot, as ``gpu<i>: reason`` strings."""
     seen = []
@@ -117,6 +142,7 @@ class CaseMonitor:
         self.period_s = period_s
         self.samples: list[tuple[GpuState, ...]] = []
         self.times: list[float] = []  # unix time of each sample, to select the measured steps
+        self.gpu_pids: set[int] = set()  # every process seen computing on the run's GPUs
         self._last = float("-inf")
 
     def tick(self) -> None:
@@ -130,6 +156,7 @@ class CaseMonitor:
         if states is not None:
             self.samples.append(states)
             self.times.append(time.time())
+            self.gpu_pids |= running_pids(self.device_count)
 
     def during(self, start_unix: float, end_unix: float) -> list[tuple[GpuState, ...]]:
         """Samples taken while the ranks ran their measured steps."""

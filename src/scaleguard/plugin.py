@@ -65,6 +65,12 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ),
     ("keep-runs", "runs kept per case and torch version in a baseline file (default 10)", None),
     (
+        "foreign-load-limit",
+        "CPU cores that processes outside this session may use during a run's measured steps "
+        "before the run is disturbed: set aside, measured again when quiet (default 0.25)",
+        None,
+    ),
+    (
         "accept-reason",
         "why the --perf-accept cases are recorded although not OK (stored with their runs)",
         None,
@@ -222,13 +228,33 @@ class PerfState:
         )
         return self._baselines
 
+    def foreign_limit(self) -> float | None:
+        """Cores of foreign load that disturb a run; None when the check is off."""
+        flag = self.config.getoption("perf_no_load_check")
+        if flag if flag is not None else self.config.getini("perf_no_load_check"):
+            return None
+        text = self.option("foreign-load-limit")
+        if text is None:
+            from scaleguard.foreign_load import DEFAULT_LIMIT_CORES
+
+            return DEFAULT_LIMIT_CORES
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not 0 < value <= 1024:
+            raise pytest.UsageError(f"--perf-foreign-load-limit takes cores (e.g. 0.25), got {text!r}")
+        return value
+
     def perf_session(self) -> Any:
         """The session's scheduler and ledger, made once."""
         if self.session is None:
+            import functools
             import tempfile
             import time
             import uuid
 
+            from scaleguard import foreign_load, runner
             from scaleguard.ledger import Ledger
             from scaleguard.session import PerfSession
 
@@ -238,13 +264,21 @@ class PerfState:
                 if reporter is not None:
                     reporter.write_line(f"scaleguard: {line}")
 
+            limit = self.foreign_limit()
+
+            def wait_quiet(seconds: float) -> None:
+                if limit is not None:
+                    foreign_load.wait_quiet(limit, seconds)
+
             self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
             self.session = PerfSession(
                 Ledger(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}", self.baseline_context()),
                 self.run_root,
                 self.timeout_s(),
                 self.schedule(),
+                run=functools.partial(runner.run_once, foreign_limit_cores=limit),
                 on_run=progress,
+                wait_quiet=wait_quiet,
             )
         return self.session
 
@@ -303,6 +337,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(REGRESSED, INCONCLUSIVE), restarting their entry; needs --perf-accept-reason",
     )
     parser.addini("perf_accept", "ini twin of --perf-accept (one glob per line)", type="linelist", default=[])
+    group.addoption(
+        "--perf-no-load-check",
+        dest="perf_no_load_check",
+        action="store_true",
+        default=None,
+        help="do not watch for other processes' CPU/GPU load during runs (a busy machine is then "
+        "judged like a quiet one)",
+    )
+    parser.addini("perf_no_load_check", "ini twin of --perf-no-load-check", type="bool", default=False)
     parser.addini(
         "perf_case_thresholds",
         "per-case threshold overrides, one per line: '<case-id glob> step=0.08 efficiency=0.05 memory=0.2'",
@@ -319,6 +362,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.planned()  # bad --perf-* values are usage errors now, not collection errors
         state.timeout_s()
         state.schedule()
+        state.foreign_limit()
         if state.planned():
             state.thresholds(state.planned()[0].spec.device)
         _check_data_root(state.option("data-root"))
@@ -474,6 +518,8 @@ def pytest_terminal_summary(
     for verdict in ledger.verdicts.values():
         if verdict.status.value != "OK":
             terminalreporter.write_line(verdict.story)
+    for line in report.disturbance_lines(ledger):
+        terminalreporter.write_line(line)
     if state is not None and state.update_baselines():
         for line in report.baseline_update_lines(ledger, exitstatus == pytest.ExitCode.INTERRUPTED):
             terminalreporter.write_line(line)

@@ -105,6 +105,29 @@ def render(tables: Sequence[Table], width: int = 120) -> str:
     return buffer.getvalue()
 
 
+def disturbance_lines(ledger: Ledger) -> list[str]:
+    """Cases with runs set aside because the machine was busy, and who kept it busy."""
+    lines: list[str] = []
+    load: dict[tuple[int, str], float] = {}
+    for case_id, runs in ledger.records.items():
+        bad = [r for r in runs if r.quarantine and r.quarantine.startswith("disturbed")]
+        if bad:
+            lines.append(
+                f"scaleguard: disturbed: {case_id}: {len(bad)} of {len(runs)} runs: {bad[0].quarantine}"
+            )
+        for run in runs:
+            for entry in run.host.get("top", ()):
+                key = (int(entry["pid"]), str(entry["name"]))
+                load[key] = max(load.get(key, 0.0), float(entry["cores"]))
+    if lines and load:
+        top = sorted(load.items(), key=lambda kv: -kv[1])[:5]
+        lines.append(
+            "scaleguard: busiest foreign processes: "
+            + ", ".join(f"{name} (pid {pid}) {cores:.2f} cores" for (pid, name), cores in top)
+        )
+    return lines
+
+
 def baseline_update_lines(ledger: Ledger, interrupted: bool) -> list[str]:
     """Write the session's recordable cases into the baseline, and say what happened."""
     from scaleguard.baseline import BaselineError

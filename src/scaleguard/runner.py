@@ -7,26 +7,41 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from scaleguard import launcher, machine_state
+from scaleguard import foreign_load, launcher, machine_state
 from scaleguard.case import CaseSpec
 from scaleguard.records import RunResult
 
 
-def run_once(spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunResult:
+def run_once(
+    spec: CaseSpec, run_dir: Path, timeout_s: float, foreign_limit_cores: float | None = None
+) -> RunResult:
     """Measure ``spec`` once in fresh processes.
+
+    Args:
+        foreign_limit_cores: quarantine the run when processes not of this session used more
+            CPU than this during the measured steps (or any used its GPUs); None: not checked.
 
     Raises:
         launcher.CaseFailedError: a rank raised, died, hung or left no result.
     """
     gpus = spec.world_size if spec.device == "cuda" else 0
     monitor = machine_state.CaseMonitor(gpus)
+    load = foreign_load.LoadMonitor()
+
+    def tick() -> None:
+        monitor.tick()
+        if foreign_limit_cores is not None:
+            load.tick()
+
     started = time.monotonic()
-    ranks = launcher.run_case(spec, run_dir, timeout_s, monitor.tick)
+    ranks = launcher.run_case(spec, run_dir, timeout_s, tick)
     wall_s = time.monotonic() - started
     result = replace(RunResult.from_ranks(spec, ranks), wall_s=wall_s)
+    window = (min(r.measure_start_unix for r in ranks), max(r.measure_end_unix for r in ranks))
+    if foreign_limit_cores is not None:
+        result = _judge_load(result, load.report(window, monitor.gpu_pids), foreign_limit_cores)
     if not monitor.samples:
         return result
-    window = (min(r.measure_start_unix for r in ranks), max(r.measure_end_unix for r in ranks))
     during = monitor.during(*window)
     # a run shorter than the sampling period may have no reading inside its window: use the
     # nearest ones rather than none
@@ -36,9 +51,26 @@ def run_once(spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunResult:
         notes += (f"quarantined: {assessment.quarantine}",)
     elif "sw_power_cap" in assessment.readings.get("reasons", ()):
         notes += ("GPU at its SW power cap during the steps (recorded; clocks stayed up)",)
+    reasons = [r for r in (result.quarantine, assessment.quarantine) if r]
     return replace(
         result,
-        machine_state={"during_steps": assessment.readings, "whole_run": monitor.summary()},
-        quarantine=assessment.quarantine,
+        machine_state={
+            **result.machine_state,
+            "during_steps": assessment.readings,
+            "whole_run": monitor.summary(),
+        },
+        quarantine="; ".join(reasons) or None,
         notes=notes,
+    )
+
+
+def _judge_load(result: RunResult, report: foreign_load.LoadReport | None, limit: float) -> RunResult:
+    if report is None:
+        return result
+    why = report.disturbed(limit)
+    return replace(
+        result,
+        machine_state={**result.machine_state, "foreign_load": report.to_dict()},
+        quarantine=f"disturbed: {why}" if why else result.quarantine,
+        notes=result.notes + ((f"disturbed: {why}",) if why else ()),
     )

@@ -38,11 +38,11 @@ class Schedule:
     confirm: int = 4  # extra runs at most for a case that looks changed
     confirm_block: int = 2  # confirm runs added between decisions
     quarantine_retries: int = 2  # re-measures of a run the machine spoiled
-    quarantine_pause_s: float = 30.0  # let a hot or capped GPU recover first
+    quarantine_pause_s: float = 30.0  # let a hot GPU recover / a busy machine quiet down first
 
     @classmethod
     def for_device(cls, device: str, repeats: int | None = None, confirm: int | None = None) -> Schedule:
-        base = cls(quarantine_pause_s=5.0) if device == "cpu" else cls()
+        base = cls(quarantine_pause_s=20.0) if device == "cpu" else cls()
         return cls(
             repeats=repeats if repeats is not None else base.repeats,
             confirm=confirm if confirm is not None else base.confirm,
@@ -64,6 +64,7 @@ class PerfSession:
         run: RunFn = runner.run_once,
         sleep: Callable[[float], None] = time.sleep,
         on_run: Callable[[str], None] = lambda line: None,
+        wait_quiet: Callable[[float], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.base_dir = base_dir
@@ -71,6 +72,8 @@ class PerfSession:
         self.schedule = schedule
         self._run_fn = run
         self._sleep = sleep
+        # a disturbed run waits for the machine to quiet down (bounded), a throttled one sleeps
+        self._wait_quiet = wait_quiet or sleep
         self._on_run = on_run
         self._errors: dict[str, CaseFailedError] = {}
         self._prefetched = False
@@ -138,4 +141,7 @@ class PerfSession:
                 return
             if attempt < self.schedule.quarantine_retries:
                 self._on_run(f"{spec.case_id}: run quarantined ({result.quarantine}); pausing, then again")
-                self._sleep(self.schedule.quarantine_pause_s)
+                if result.quarantine.startswith("disturbed"):
+                    self._wait_quiet(self.schedule.quarantine_pause_s)
+                else:
+                    self._sleep(self.schedule.quarantine_pause_s)
