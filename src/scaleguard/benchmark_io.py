@@ -172,3 +172,49 @@ def read_document_any(path: Path) -> dict[str, Any]:
     return read_document(
         path, "run or baseline file", "pass a saved run (--benchmark-save) or a baseline file"
     )
+
+
+def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label: str) -> None:
+    """One side of an A/B session as a ``--benchmark-save`` file: ``scaleguard compare`` and
+    ``pytest-benchmark compare`` read it like a run of ``pytest perf/``."""
+    import datetime
+
+    from pytest_benchmark.stats import Stats
+
+    from scaleguard.records import atomic_write_json
+
+    benchmarks = []
+    for case_id in ledger.completed:
+        results = ledger.results[case_id]
+        stats = Stats()
+        for result in results:
+            for step_s in result.step_s:
+                stats.update(step_s)
+        data = stats.as_dict()
+        data["data"] = list(stats.data)
+        name = f"test_train_step[{case_id}]"
+        benchmarks.append(
+            {
+                "group": None, "name": name, "fullname": f"perf/test_train_step.py::{name}",
+                "params": {"perf_case": case_id}, "param": case_id,
+                "extra_info": extra_info(results, ledger.evidence(case_id), None),
+                "options": {"disable_gc": False, "timer": "perf_counter", "min_rounds": 1,
+                            "max_time": 0, "min_time": 0, "warmup": False},
+                "stats": data,
+            }
+        )  # fmt: skip
+    versions = next(iter(ledger.results.values()))[-1].runtime if ledger.results else {}
+    info = dict(machine_info)
+    info.update({"torch_version": versions.get("torch"), "cuda_version": versions.get("cuda"),
+                 "cudnn_version": versions.get("cudnn"), "nccl_version": versions.get("nccl")})  # fmt: skip
+    info["scaleguard"] = {**(info.get("scaleguard") or {}), "ab_side": label}
+    atomic_write_json(
+        path,
+        {
+            "machine_info": info,
+            "commit_info": {},
+            "benchmarks": sorted(benchmarks, key=lambda b: b["param"]),
+            "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "version": "5.2.3",
+        },
+    )

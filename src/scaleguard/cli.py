@@ -157,6 +157,31 @@ def cmd_hardware_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ab(args: argparse.Namespace, pytest_args: list[str]) -> int:
+    """``pytest perf/`` in paired A/B mode; exit 0 / 1 (REGRESSED) / 2 (bad input)."""
+    import subprocess
+
+    from scaleguard import ab
+
+    for label, python in (("A", args.a), ("B", args.b)):
+        try:
+            ab.probe(label, python)
+        except ab.ABInputError as exc:
+            raise UsageProblem(str(exc)) from None
+    command = [sys.executable, "-m", "pytest", *(pytest_args or ["perf/"]), "-p", "no:cacheprovider"]
+    command += ["--perf-ab-a", args.a, "--perf-ab-b", args.b]
+    for flag, value in (("--perf-ab-markdown", args.markdown), ("--perf-ab-plot", args.plot),
+                        ("--perf-ab-save", args.save_dir), ("--perf-ab-pairs", args.pairs)):  # fmt: skip
+        if value is not None:
+            command += [flag, str(value)]
+    for side, items in (("a", args.a_env), ("b", args.b_env)):
+        for item in items or ():
+            command += [f"--perf-ab-env-{side}", item]
+    code = subprocess.call(command)
+    # pytest: 1 tests failed (a REGRESSED case, or a failed one), 4 usage error
+    return {0: 0, 1: EXIT_REGRESSED, 4: EXIT_BAD_INPUT, 5: EXIT_BAD_INPUT}.get(code, code)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scaleguard")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,6 +206,21 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 f"--threshold-{name}", type=float, help="default: the suite's for the runs' device (README)"
             )
+    abp = sub.add_parser(
+        "ab",
+        help="paired A/B of two Python installs; other arguments go to pytest (default: perf/)",
+        description="Measure each selected case alternately with two interpreters (fresh processes per run, "
+        "AB/BA order balanced and shuffled) and judge per-pair ratios. Arguments not listed here "
+        "(-k, --perf-*) are passed to pytest.",
+    )
+    abp.add_argument("--a", required=True, help="Python of side A (a venv with torch and scaleguard)")
+    abp.add_argument("--b", required=True, help="Python of side B")
+    abp.add_argument("--a-env", action="append", metavar="KEY=VALUE", help="environment for A's ranks only")
+    abp.add_argument("--b-env", action="append", metavar="KEY=VALUE", help="environment for B's ranks only")
+    abp.add_argument("--pairs", type=int, help="most pairs per case (default 10 cpu, 6 cuda)")
+    abp.add_argument("--markdown", type=Path, help="write a markdown report here")
+    abp.add_argument("--plot", type=Path, help="write a PNG plot here")
+    abp.add_argument("--save-dir", type=Path, help="write A.json and B.json (pytest-benchmark format) here")
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     key.add_argument(
@@ -190,10 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handler = {"compare": cmd_compare, "ingest": cmd_ingest, "hardware-key": cmd_hardware_key}[args.command]
+    args, rest = build_parser().parse_known_args(argv)
+    if rest and args.command != "ab":
+        build_parser().parse_args(argv)  # the usual error for unknown arguments
+    handler = {"compare": cmd_compare, "ingest": cmd_ingest, "hardware-key": cmd_hardware_key}
     try:
-        return handler(args)
+        if args.command == "ab":
+            return cmd_ab(args, rest)
+        return handler[args.command](args)
     except (UsageProblem, BaselineError, FileFormatError) as exc:
         print(f"scaleguard {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

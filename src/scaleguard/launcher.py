@@ -6,6 +6,7 @@ on one machine cannot race for one, and nothing listens on a network interface.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -13,7 +14,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -161,10 +162,50 @@ def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFail
     )
 
 
+@dataclass(frozen=True)
+class Interpreter:
+    """The Python that runs the ranks (another virtual environment, for paired A/B runs), and
+    environment variables set for its ranks only."""
+
+    python: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@contextlib.contextmanager
+def _started_as(interpreter: Interpreter | None) -> Iterator[None]:
+    """Spawn children with ``interpreter``: multiprocessing's executable and the environment
+    are read when a child starts, so both are set around the starts and restored after."""
+    if interpreter is None:
+        yield
+        return
+    from multiprocessing import spawn
+
+    saved_exe = spawn.get_executable()
+    saved_env = {key: os.environ.get(key) for key, _ in interpreter.env}
+    spawn.set_executable(interpreter.python)
+    os.environ.update(dict(interpreter.env))
+    try:
+        yield
+    finally:
+        spawn.set_executable(saved_exe)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def run_case(
-    spec: CaseSpec, run_dir: Path, timeout_s: float, on_tick: Callable[[], None] = lambda: None
+    spec: CaseSpec,
+    run_dir: Path,
+    timeout_s: float,
+    on_tick: Callable[[], None] = lambda: None,
+    interpreter: Interpreter | None = None,
 ) -> list[RankResult]:
     """Run one case to completion or failure; no process outlives this call.
+
+    Args:
+        interpreter: run the ranks with another Python (None: this one).
 
     Raises:
         CaseFailedError: a rank raised, died, hung past ``timeout_s``, or left no result.
@@ -174,15 +215,16 @@ def run_case(
     ctx = multiprocessing.get_context("spawn")
     procs: list[BaseProcess] = []
     try:
-        for rank in range(spec.nprocs):
-            proc = ctx.Process(
-                target=worker.rank_main,
-                args=(rank, spec, store_path, str(run_dir), os.getpid()),
-                name=f"scaleguard-{spec.case_id}-rank{rank}",
-                daemon=False,
-            )
-            proc.start()
-            procs.append(proc)
+        with _started_as(interpreter):
+            for rank in range(spec.nprocs):
+                proc = ctx.Process(
+                    target=worker.rank_main,
+                    args=(rank, spec, store_path, str(run_dir), os.getpid()),
+                    name=f"scaleguard-{spec.case_id}-rank{rank}",
+                    daemon=False,
+                )
+                proc.start()
+                procs.append(proc)
         _wait(spec, run_dir, procs, time.monotonic() + timeout_s, timeout_s, on_tick)
     finally:
         # also on KeyboardInterrupt: Ctrl-C during a case leaves no rank behind

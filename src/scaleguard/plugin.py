@@ -64,6 +64,12 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
         None,
     ),
     ("keep-runs", "runs kept per case and torch version in a baseline file (default 10)", None),
+    ("ab-b", "paired A/B: the Python of side B (a venv with other torch and scaleguard); turns A/B on", None),
+    ("ab-a", "paired A/B: the Python of side A (default: the one running pytest)", None),
+    ("ab-pairs", "paired A/B: most pairs per case (default 10 cpu, 6 cuda)", None),
+    ("ab-markdown", "paired A/B: write the markdown report here", None),
+    ("ab-plot", "paired A/B: write the PNG plot here", None),
+    ("ab-save", "paired A/B: directory for A.json and B.json (pytest-benchmark format)", None),
     (
         "foreign-load-limit",
         "CPU cores that processes outside this session may use during a run's measured steps "
@@ -87,6 +93,8 @@ class PerfState:
     _baselines: Any = None
     session: Any = None  # scaleguard.session.PerfSession, made by the first perf case
     run_root: Path | None = None  # rank files of every run; removed at the end
+    _ab_sides: Any = None
+    _ab: Any = None  # scaleguard.ab.ABSession in a paired A/B session
     selected: tuple[CaseSpec, ...] = ()  # the perf cases this session will run, in order
 
     def option(self, name: str) -> str | None:
@@ -246,6 +254,75 @@ class PerfState:
             raise pytest.UsageError(f"--perf-foreign-load-limit takes cores (e.g. 0.25), got {text!r}")
         return value
 
+    def ab_sides(self) -> tuple[Any, Any] | None:
+        """The two probed sides of a paired A/B session; None when A/B is off."""
+        if self.option("ab-b") is None:
+            return None
+        if self._ab_sides is None:
+            import sys
+
+            from scaleguard import ab
+
+            def env(side: str) -> list[tuple[str, str]]:
+                items = list(self.config.getoption(f"perf_ab_env_{side}") or ())
+                items += list(self.config.getini(f"perf_ab_env_{side}"))
+                pairs = []
+                for item in items:
+                    key, sep, value = item.partition("=")
+                    if not sep or not key:
+                        raise pytest.UsageError(f"--perf-ab-env-{side} takes KEY=VALUE, got {item!r}")
+                    pairs.append((key, value))
+                return pairs
+
+            if self.update_baselines():
+                raise pytest.UsageError(
+                    "scaleguard: --perf-ab-b compares two installs in pairs; "
+                    "record baselines in a plain session"
+                )
+            try:
+                self._ab_sides = (
+                    ab.probe("A", self.option("ab-a") or sys.executable, env("a")),
+                    ab.probe("B", str(self.option("ab-b")), env("b")),
+                )
+            except ab.ABInputError as exc:
+                raise pytest.UsageError(f"scaleguard: {exc}") from None
+        return self._ab_sides
+
+    def ab_session(self) -> Any:
+        """The paired A/B scheduler, made once (when --perf-ab-b is given)."""
+        sides = self.ab_sides()
+        if sides is None:
+            return None
+        if self._ab is None:
+            import functools
+            import tempfile
+
+            from scaleguard import ab, runner
+
+            device = self.planned()[0].spec.device
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            thresholds = self.thresholds(device)
+            per_case = list(self.config.getini("perf_case_thresholds"))
+
+            def progress(line: str) -> None:
+                if reporter is not None:
+                    reporter.write_line(f"scaleguard: {line}")
+
+            from scaleguard.compare import thresholds_for
+
+            self.run_root = self.run_root or Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+            self._ab = ab.ABSession(
+                sides[0],
+                sides[1],
+                self.run_root,
+                self.timeout_s(),
+                lambda case_id: thresholds_for(case_id, thresholds, per_case),
+                ab.ABSchedule.for_device(device, self.count("ab-pairs", 0, lo=0, hi=1000) or None),
+                run=functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit()),
+                on_run=progress,
+            )
+        return self._ab
+
     def perf_session(self) -> Any:
         """The session's scheduler and ledger, made once."""
         if self.session is None:
@@ -346,6 +423,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "judged like a quiet one)",
     )
     parser.addini("perf_no_load_check", "ini twin of --perf-no-load-check", type="bool", default=False)
+    for side in ("a", "b"):
+        group.addoption(
+            f"--perf-ab-env-{side}",
+            dest=f"perf_ab_env_{side}",
+            action="append",
+            default=None,
+            metavar="KEY=VALUE",
+            help=f"paired A/B: an environment variable for side {side.upper()}'s ranks only (repeatable)",
+        )
+        parser.addini(f"perf_ab_env_{side}", f"ini twin of --perf-ab-env-{side}", type="linelist", default=[])
     parser.addini(
         "perf_case_thresholds",
         "per-case threshold overrides, one per line: '<case-id glob> step=0.08 efficiency=0.05 memory=0.2'",
@@ -363,6 +450,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.timeout_s()
         state.schedule()
         state.foreign_limit()
+        state.ab_sides()  # a missing or torch-less B interpreter is a usage error now
         if state.planned():
             state.thresholds(state.planned()[0].spec.device)
         _check_data_root(state.option("data-root"))
@@ -447,13 +535,25 @@ def perf_session(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def perf_run(perf_session: Any, benchmark: Any) -> Callable[[CaseSpec], Any]:
+def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) -> Callable[[CaseSpec], Any]:
     """Run a case (its runs, and confirm runs when it looks changed), store its steps in
     pytest-benchmark; a failed case or a REGRESSED verdict fails the test cleanly."""
     from scaleguard import benchmark_io
     from scaleguard.launcher import CaseFailedError
 
     def run(spec: CaseSpec) -> Any:
+        ab_session = request.config.stash[STATE].ab_session()
+        if ab_session is not None:
+            try:
+                paired = ab_session.measure(spec)
+            except CaseFailedError as exc:
+                pytest.fail(str(exc), pytrace=False)
+            side_a = ab_session.ledgers["A"]
+            benchmark_io.record(benchmark, side_a.results[spec.case_id], side_a.evidence(spec.case_id), None)
+            benchmark.extra_info.update({"ab_verdict": paired.status, "ab_story": paired.story})
+            if paired.failed:
+                pytest.fail(paired.story, pytrace=False)
+            return side_a.evidence(spec.case_id)
         try:
             verdict = perf_session.measure(spec)
         except CaseFailedError as exc:
@@ -504,6 +604,9 @@ def pytest_terminal_summary(
 ) -> Generator[None, None, None]:
     result = yield
     state = config.stash.get(STATE, None)
+    if state is not None and state._ab is not None:
+        _ab_summary(terminalreporter, state)
+        return result
     session = state.session if state else None
     if session is None or not (session.ledger.records or session.ledger.failures):
         return result
@@ -524,3 +627,32 @@ def pytest_terminal_summary(
         for line in report.baseline_update_lines(ledger, exitstatus == pytest.ExitCode.INTERRUPTED):
             terminalreporter.write_line(line)
     return result
+
+
+def _ab_summary(terminalreporter: Any, state: PerfState) -> None:
+    """The paired A/B table and stories, and the files asked for."""
+    from scaleguard import benchmark_io, report
+    from scaleguard.env import host_fingerprint
+
+    session = state._ab
+    terminalreporter.section("scaleguard A/B")
+    terminalreporter.write(
+        report.render([report.ab_table(session)], max(100, terminalreporter._tw.fullwidth))
+    )
+    for verdict in session.verdicts.values():
+        if verdict.status != "SAME":
+            terminalreporter.write_line(verdict.story)
+    if state.option("ab-markdown"):
+        Path(str(state.option("ab-markdown"))).write_text(report.ab_markdown(session), encoding="utf-8")
+    if state.option("ab-plot") and session.verdicts:
+        report.ab_plot(session, Path(str(state.option("ab-plot"))))
+    if state.option("ab-save"):
+        directory = Path(str(state.option("ab-save")))
+        host = host_fingerprint().to_dict()
+        for label in ("A", "B"):
+            benchmark_io.write_saved_run(
+                directory / f"{label}.json", session.ledgers[label], {"scaleguard": host}, label
+            )
+        terminalreporter.write_line(
+            f"scaleguard: A/B sides saved as {directory / 'A.json'} and {directory / 'B.json'}"
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -253,6 +253,109 @@ def compare_plot(
     ax_rate.set_xlabel("samples/s (dots: single runs)")
     ax_rate.set_title("throughput per case")
     ax_rate.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+AB_HEADERS = ["case", "A step ms", "B step ms", "B/A", "95% CI", "pairs (AB/BA)", "pair spread",
+              "A eff.", "B eff.", "p", "verdict"]  # fmt: skip
+
+
+def ab_rows(session: Any) -> list[list[str]]:
+    rows = []
+    for case_id, verdict in sorted(session.verdicts.items()):
+        a = session.ledgers["A"].evidence(case_id)
+        b = session.ledgers["B"].evidence(case_id)
+        step = verdict.step
+        p = step.p_up if step.change >= 0 else step.p_down
+        rows.append(
+            [
+                case_id,
+                fmt_ms(a.median_s()),
+                fmt_ms(b.median_s()),
+                f"{step.change:+.1%}",
+                f"[{step.ci[0]:+.1%}, {step.ci[1]:+.1%}]",
+                f"{step.n} ({verdict.orders.count('AB')}/{verdict.orders.count('BA')})",
+                f"{step.spread:.1%}",
+                fmt_ratio(a.efficiency()),
+                fmt_ratio(b.efficiency()),
+                f"{p:.1g}",
+                verdict.status,
+            ]
+        )
+    return rows
+
+
+def ab_header(session: Any) -> str:
+    def side(s: Any) -> str:
+        runtime = {}
+        ledger = session.ledgers[s.label]
+        if ledger.results:
+            runtime = next(iter(ledger.results.values()))[-1].runtime
+        versions = ", ".join(
+            f"{k} {runtime.get(k)}" for k in ("torch", "cuda", "cudnn", "nccl") if runtime.get(k)
+        )
+        return f"{s.label}: {s.interpreter.python} ({versions or 'torch ' + str(s.versions.get('torch'))})"
+
+    return f"scaleguard A/B  {side(session.a)}  vs  {side(session.b)}"
+
+
+def ab_table(session: Any) -> Table:
+    table = Table(title=ab_header(session), title_justify="left")
+    for header in AB_HEADERS:
+        table.add_column(header, justify="left" if header == "case" else "right")
+    for row in ab_rows(session):
+        table.add_row(*row)
+    return table
+
+
+def ab_markdown(session: Any) -> str:
+    rows = ab_rows(session)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[-1]] = counts.get(row[-1], 0) + 1
+    lines = [
+        f"### {ab_header(session)}",
+        "",
+        ", ".join(f"**{n}** {s}" for s, n in sorted(counts.items())),
+        "",
+    ]
+    lines += ["| " + " | ".join(AB_HEADERS) + " |", "|" + "---|" * len(AB_HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    stories = [v.story for v in session.verdicts.values() if v.status != "SAME"]
+    if stories:
+        lines += ["", "<details><summary>details</summary>", ""] + [f"- {s}" for s in stories]
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def ab_plot(session: Any, path: Path) -> None:
+    """B/A step-time ratio per case with its 95 % CI and each pair as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted(session.verdicts)
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.45 * len(cases) + 1.5)))
+    colors = {"REGRESSED": "tab:red", "IMPROVED": "tab:green", "SAME": "tab:blue", "INCONCLUSIVE": "tab:grey"}
+    for y, case_id in enumerate(cases):
+        verdict = session.verdicts[case_id]
+        a = session.ledgers["A"].evidence(case_id).runs
+        b = session.ledgers["B"].evidence(case_id).runs
+        ratios = [rb.median_s / ra.median_s - 1 for ra, rb in zip(a, b, strict=False)]
+        ax.plot([100 * r for r in ratios], [y] * len(ratios), "k.", markersize=4, alpha=0.6)
+        low, high = verdict.step.ci
+        mid = verdict.step.change
+        ax.errorbar(
+            100 * mid, y, xerr=[[100 * (mid - low)], [100 * (high - mid)]],
+            fmt="o", color=colors.get(verdict.status, "black"), capsize=3,
+        )  # fmt: skip
+    ax.axvline(0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(cases)), cases, fontsize=7)
+    ax.set_xlabel("B vs A step time, % (dots: single pairs; bars: 95 % CI)")
+    ax.set_title(ab_header(session), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

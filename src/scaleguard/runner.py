@@ -13,13 +13,18 @@ from scaleguard.records import RunResult
 
 
 def run_once(
-    spec: CaseSpec, run_dir: Path, timeout_s: float, foreign_limit_cores: float | None = None
+    spec: CaseSpec,
+    run_dir: Path,
+    timeout_s: float,
+    foreign_limit_cores: float | None = None,
+    interpreter: launcher.Interpreter | None = None,
 ) -> RunResult:
     """Measure ``spec`` once in fresh processes.
 
     Args:
         foreign_limit_cores: quarantine the run when processes not of this session used more
             CPU than this during the measured steps (or any used its GPUs); None: not checked.
+        interpreter: the Python (and extra environment) of the ranks; None: this one.
 
     Raises:
         launcher.CaseFailedError: a rank raised, died, hung or left no result.
@@ -34,7 +39,7 @@ def run_once(
             load.tick()
 
     started = time.monotonic()
-    ranks = launcher.run_case(spec, run_dir, timeout_s, tick)
+    ranks = launcher.run_case(spec, run_dir, timeout_s, tick, interpreter)
     wall_s = time.monotonic() - started
     result = replace(RunResult.from_ranks(spec, ranks), wall_s=wall_s)
     window = (min(r.measure_start_unix for r in ranks), max(r.measure_end_unix for r in ranks))

@@ -1,0 +1,309 @@
+"""Paired A/B: two Python installs (say torch 2.13 and 2.14) measured alternately on one machine
+in one session, judged on per-pair log ratios.
+
+Comparing tonight's run with a baseline recorded days ago mixes the upgrade with everything else
+that moved (the machine, its load, its clocks); pairing cancels what A and B share. As Chromium
+Pinpoint does, each pair runs A and B back to back in fresh processes, in AB or BA order with
+equal counts of each, shuffled; pairs are added in blocks of two until the ratio is decided
+(REGRESSED / IMPROVED / SAME) or a cap is reached (INCONCLUSIVE). A pair with a failed or
+disturbed side is dropped on both sides, and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from scaleguard import runner
+from scaleguard.case import CaseSpec
+from scaleguard.compare import Thresholds
+from scaleguard.launcher import CaseFailedError, Interpreter
+from scaleguard.ledger import Ledger
+from scaleguard.records import RunResult
+
+MAX_DROPPED = 2  # failed pairs before the case itself fails
+_PROBE = """
+import json, platform, sys
+try:
+    import torch
+except Exception as e:
+    print(json.dumps({"missing": "torch", "error": repr(e)}))
+    sys.exit(0)
+try:
+    import scaleguard.worker
+except Exception as e:
+    print(json.dumps({"missing": "scaleguard", "error": repr(e)}))
+    sys.exit(0)
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+print(json.dumps(info))
+"""
+
+
+class ABInputError(ValueError):
+    """An interpreter that cannot be a side: missing, or lacking torch or scaleguard."""
+
+
+@dataclass(frozen=True)
+class Side:
+    label: str  # "A" or "B"
+    interpreter: Interpreter
+    versions: dict[str, Any]  # from the probe; the ranks report CUDA/cuDNN/NCCL as they see them
+
+
+def probe(label: str, python: str, env: Sequence[tuple[str, str]] = ()) -> Side:
+    """Check an interpreter before anything is spawned with it.
+
+    Raises:
+        ABInputError: missing, not runnable, or without torch or scaleguard.
+    """
+    path = Path(python)
+    if not path.exists():
+        raise ABInputError(f"side {label}: interpreter {python} does not exist")
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=180)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ABInputError(f"side {label}: {python} cannot be run: {exc}") from None
+    try:
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ABInputError(
+            f"side {label}: {python} is not a working Python (exit {done.returncode}): {done.stderr[-300:]}"
+        ) from None
+    if info.get("missing") == "torch":
+        raise ABInputError(
+            f"side {label}: {python} has no torch ({info['error']}); install it in that environment"
+        )
+    if info.get("missing") == "scaleguard":
+        raise ABInputError(
+            f"side {label}: {python} has no scaleguard ({info['error']}); run "
+            f"`{python} -m pip install -e <this checkout>` there"
+        )
+    return Side(label, Interpreter(python, tuple(env)), info)
+
+
+@dataclass(frozen=True)
+class PairedShift:
+    """B against A over n pairs: mean log ratio (relative) or mean difference (absolute)."""
+
+    change: float
+    ci: tuple[float, float]
+    p_up: float  # one-sided: B larger than A
+    p_down: float
+    n: int
+    spread: float  # standard deviation of the per-pair log ratio (or difference)
+
+
+def paired_shift(
+    a: Sequence[float], b: Sequence[float], relative: bool, min_spread: float = 1e-4
+) -> PairedShift:
+    """One-sample t on per-pair log ratios (relative) or differences (absolute)."""
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    d = np.log(y / x) if relative else y - x
+    n = d.size
+    if n < 2:
+        raise ValueError("paired_shift needs at least two pairs")
+    sd = max(float(d.std(ddof=1)), min_spread)
+    se = sd / math.sqrt(n)
+    law = sps.t(n - 1)
+    mean = float(d.mean())
+    half = float(law.ppf(0.975)) * se
+    low, high = mean - half, mean + half
+    if relative:
+        change, ci = math.expm1(mean), (math.expm1(low), math.expm1(high))
+    else:
+        change, ci = mean, (low, high)
+    return PairedShift(change, ci, float(law.sf(mean / se)), float(law.cdf(mean / se)), n, sd)
+
+
+@dataclass(frozen=True)
+class ABVerdict:
+    case_id: str
+    status: str  # REGRESSED, IMPROVED, SAME, INCONCLUSIVE
+    story: str
+    step: PairedShift | None = None
+    efficiency: PairedShift | None = None
+    memory: PairedShift | None = None
+    orders: tuple[str, ...] = ()  # "AB" / "BA" per kept pair
+    dropped: tuple[str, ...] = ()  # why each dropped pair was dropped
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "REGRESSED"
+
+
+def decide_pairs(
+    case_id: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    thr: Thresholds,
+    eff: tuple[Sequence[float], Sequence[float]] | None = None,
+    mem: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> tuple[str, PairedShift, PairedShift | None, PairedShift | None, list[str]]:
+    """Status and shifts from per-pair step medians (and efficiencies, peak memories)."""
+    step = paired_shift(a, b, relative=True)
+    low_margin = -thr.step / (1 + thr.step)
+    reasons = []
+    if step.change > thr.step and step.p_up < thr.alpha:
+        reasons.append("step")
+    effs = paired_shift(eff[0], eff[1], relative=False) if eff and len(eff[0]) >= 2 else None
+    if effs is not None and -effs.change > thr.efficiency and effs.p_down < thr.alpha:
+        reasons.append("efficiency")
+    mems = paired_shift(mem[0], mem[1], relative=True, min_spread=1e-3) if mem else None
+    if mems is not None and mems.change > thr.memory and mems.p_up < thr.alpha:
+        reasons.append("memory")
+    if reasons:
+        return "REGRESSED", step, effs, mems, reasons
+    if step.change < low_margin and step.p_down < thr.alpha:
+        return "IMPROVED", step, effs, mems, []
+    eff_same = effs is None or (effs.ci[0] > -thr.efficiency and effs.ci[1] < thr.efficiency)
+    if step.ci[0] > low_margin and step.ci[1] < thr.step and eff_same:
+        return "SAME", step, effs, mems, []
+    return "INCONCLUSIVE", step, effs, mems, []
+
+
+@dataclass(frozen=True)
+class ABSchedule:
+    min_pairs: int = 2
+    max_pairs: int = 10
+    block: int = 2  # one AB and one BA per block, in shuffled order
+    seed: int = 0
+
+    @classmethod
+    def for_device(cls, device: str, max_pairs: int | None = None, seed: int = 0) -> ABSchedule:
+        """CPU pairs spread ~5 % (shared cores): 10 pairs resolve ~10 %; CUDA pairs spread
+        <1 %: 6 pairs resolve the 3 % threshold (README, "Upgrading torch")."""
+        cap = max_pairs if max_pairs is not None else (10 if device == "cpu" else 6)
+        return cls(max_pairs=max(cap, 2), seed=seed)
+
+
+RunFn = Callable[..., RunResult]
+
+
+@dataclass
+class ABSession:
+    """Measures cases in pairs, A and B alternately, each run in fresh processes."""
+
+    a: Side
+    b: Side
+    base_dir: Path
+    timeout_s: float
+    thresholds: Callable[[str], Thresholds]
+    schedule: ABSchedule = field(default_factory=ABSchedule)
+    run: RunFn = runner.run_once
+    on_run: Callable[[str], None] = lambda line: None
+    ledgers: dict[str, Ledger] = field(default_factory=dict)
+    verdicts: dict[str, ABVerdict] = field(default_factory=dict)
+    orders: dict[str, list[str]] = field(default_factory=dict)
+    _count: int = 0
+
+    def __post_init__(self) -> None:
+        self.ledgers = {"A": Ledger("ab-A"), "B": Ledger("ab-B")}
+        self._rng = random.Random(self.schedule.seed)
+
+    def _order_block(self) -> list[str]:
+        block = ["AB", "BA"] * (self.schedule.block // 2)
+        self._rng.shuffle(block)
+        return block
+
+    def _run(self, side: Side, spec: CaseSpec) -> RunResult:
+        self._count += 1
+        return self.run(
+            spec, self.base_dir / f"{spec.case_id}.{side.label}{self._count}", self.timeout_s,
+            interpreter=side.interpreter,
+        )  # fmt: skip
+
+    def measure(self, spec: CaseSpec) -> ABVerdict:
+        """Pairs until decided or the cap.
+
+        Raises:
+            CaseFailedError: more than ``MAX_DROPPED`` pairs had a failed side.
+        """
+        sides = {"A": self.a, "B": self.b}
+        kept: list[str] = []
+        dropped: list[str] = []
+        verdict: ABVerdict | None = None
+        attempts = 0
+        while (
+            len(kept) < self.schedule.max_pairs and attempts < self.schedule.max_pairs + 2 * MAX_DROPPED + 4
+        ):
+            for order in self._order_block():
+                attempts += 1
+                pair: dict[str, RunResult] = {}
+                failure = None
+                for label in order:
+                    try:
+                        pair[label] = self._run(sides[label], spec)
+                    except CaseFailedError as exc:
+                        failure = f"pair {attempts} ({order}): side {label} failed: {exc.reason}"
+                        break
+                if failure is None and any(r.quarantine for r in pair.values()):
+                    failure = f"pair {attempts} ({order}): " + "; ".join(
+                        f"side {k} {r.quarantine}" for k, r in pair.items() if r.quarantine
+                    )
+                if failure is not None:
+                    dropped.append(failure)  # the other side's run of the pair is dropped too
+                    self.on_run(f"{spec.case_id}: {failure}; the pair is dropped")
+                    if sum("failed" in d for d in dropped) > MAX_DROPPED:
+                        raise CaseFailedError(
+                            spec.case_id, None, f"{len(dropped)} A/B pairs failed; last: {failure}"
+                        )
+                    continue
+                for label, result in pair.items():
+                    self.ledgers[label].add(result)
+                kept.append(order)
+            if len(kept) >= self.schedule.min_pairs:
+                verdict = self._judge(spec, kept, dropped)
+                if verdict.status != "INCONCLUSIVE":
+                    break
+        if verdict is None:
+            raise CaseFailedError(spec.case_id, None, "no A/B pair completed: " + "; ".join(dropped[-3:]))
+        for ledger in self.ledgers.values():
+            ledger.complete(spec.case_id)
+        self.verdicts[spec.case_id] = verdict
+        return verdict
+
+    def _judge(self, spec: CaseSpec, kept: list[str], dropped: list[str]) -> ABVerdict:
+        ev_a = self.ledgers["A"].evidence(spec.case_id)
+        ev_b = self.ledgers["B"].evidence(spec.case_id)
+        a_runs, b_runs = ev_a.runs, ev_b.runs
+        thr = self.thresholds(spec.case_id)
+        eff = None
+        if spec.world_size > 1 and all(r.scaling_efficiency is not None for r in (*a_runs, *b_runs)):
+            eff = (
+                [r.scaling_efficiency or 0.0 for r in a_runs],
+                [r.scaling_efficiency or 0.0 for r in b_runs],
+            )
+        mem = ([float(r.peak_mem_bytes) for r in a_runs], [float(r.peak_mem_bytes) for r in b_runs])
+        status, step, effs, mems, reasons = decide_pairs(
+            spec.case_id, [r.median_s for r in a_runs], [r.median_s for r in b_runs], thr, eff, mem
+        )
+        ab, ba = kept.count("AB"), kept.count("BA")
+        p = step.p_up if step.change >= 0 else step.p_down
+        b_ms, a_ms = ev_b.median_s() * 1e3, ev_a.median_s() * 1e3
+        parts = [
+            f"step {b_ms:.1f} ms (B) vs {a_ms:.1f} ms (A) ({step.change:+.1%}, "
+            f"95% CI [{step.ci[0]:+.1%}, {step.ci[1]:+.1%}]; {step.n} pairs ({ab} AB, {ba} BA), "
+            f"pair spread {step.spread:.1%}, p={p:.1g})"
+        ]
+        if effs is not None and eff is not None:
+            label = " (scaling regression)" if "efficiency" in reasons else ""
+            parts.append(f"efficiency {np.mean(eff[0]):.2f} (A) -> {np.mean(eff[1]):.2f} (B){label}")
+        if "memory" in reasons and mems is not None:
+            parts.append(f"peak memory {mems.change:+.1%}")
+        if dropped:
+            parts.append(f"{len(dropped)} pair(s) dropped: {dropped[0]}")
+        story = (
+            f"{spec.case_id} {status}: " + "; ".join(parts)
+            + f"; torch {self.a.versions.get('torch')} (A) -> {self.b.versions.get('torch')} (B)"
+        )  # fmt: skip
+        return ABVerdict(spec.case_id, status, story, step, effs, mems, tuple(kept), tuple(dropped))

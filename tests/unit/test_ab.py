@@ -1,0 +1,108 @@
+"""Paired A/B on synthetic pairs and with a fake launcher: the decision, balanced order,
+dropped pairs, and interpreters that cannot be a side."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scaleguard import ab
+from scaleguard.ab import ABSchedule, ABSession, decide_pairs, paired_shift, probe
+from scaleguard.compare import Thresholds
+from scaleguard.launcher import CaseFailedError, Interpreter
+from tests.conftest import tiny_spec
+from tests.unit.test_session import result
+
+CPU = Thresholds.for_device("cpu")
+
+
+def pairs(n: int, ratio: float, spread: float, seed: int = 0) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng(seed)
+    a = list(0.1 * np.exp(rng.normal(0, 0.1, n)))  # the machine drifts a lot between pairs ...
+    b = [x * ratio * float(np.exp(rng.normal(0, spread))) for x in a]  # ... but A and B drift together
+    return a, b
+
+
+def test_identical_sides_are_same_and_a_slower_b_is_regressed() -> None:
+    assert decide_pairs("c", *pairs(6, 1.0, 0.01), CPU)[0] == "SAME"
+    status, step, *_ = decide_pairs("c", *pairs(6, 1.2, 0.01, seed=1), CPU)
+    assert status == "REGRESSED" and 0.17 < step.change < 0.23
+    assert decide_pairs("c", *pairs(6, 0.8, 0.01, seed=2), CPU)[0] == "IMPROVED"
+
+
+def test_pairing_cancels_drift_that_unpaired_runs_cannot() -> None:
+    a, b = pairs(6, 1.15, 0.01, seed=3)
+    assert decide_pairs("c", a, b, CPU)[0] == "REGRESSED"
+    shift = paired_shift(a, b, relative=True)
+    assert shift.spread < 0.02 < float(np.std(np.log(a), ddof=1))  # pair spread far below run spread
+
+
+def test_wild_pairs_are_inconclusive_and_efficiency_counts() -> None:
+    a, b = [0.1, 0.1, 0.1], [0.1, 0.16, 0.07]
+    assert decide_pairs("c", a, b, CPU)[0] == "INCONCLUSIVE"
+    status, _, eff, _, reasons = decide_pairs(
+        "c", *pairs(6, 1.0, 0.01), CPU, eff=([0.9] * 6, [0.6, 0.61, 0.59, 0.6, 0.6, 0.62])
+    )
+    assert status == "REGRESSED" and reasons == ["efficiency"] and eff is not None and eff.change < -0.25
+
+
+class FakeRuns:
+    def __init__(self, b_ratio: float = 1.0, fail_b: int = 0) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.b_ratio, self.fail_b = b_ratio, fail_b
+
+    def __call__(self, spec, run_dir: Path, timeout_s: float, interpreter: Interpreter) -> object:  # type: ignore[no-untyped-def]
+        label = "B" if interpreter.python == "py-b" else "A"
+        self.calls.append((label, spec.case_id))
+        if label == "B" and self.fail_b:
+            self.fail_b -= 1
+            raise CaseFailedError(spec.case_id, 0, "killed by SIGKILL")
+        base = 0.1 * (1 + 0.05 * (len(self.calls) % 4))  # drift shared by both sides of a pair
+        return result(spec, base * (self.b_ratio if label == "B" else 1.0))
+
+
+def session(tmp_path: Path, fake: FakeRuns, max_pairs: int = 10) -> ABSession:
+    return ABSession(
+        ab.Side("A", Interpreter("py-a"), {"torch": "2.14.1"}),
+        ab.Side("B", Interpreter("py-b"), {"torch": "2.13.0"}),
+        tmp_path, 60, lambda cid: CPU, ABSchedule(max_pairs=max_pairs, seed=1), run=fake,
+    )  # fmt: skip
+
+
+def test_orders_are_balanced_and_a_same_case_stops_early(tmp_path: Path) -> None:
+    fake = FakeRuns()
+    verdict = session(tmp_path, fake).measure(tiny_spec(world_size=1))
+    assert verdict.status == "SAME" and verdict.orders.count("AB") == verdict.orders.count("BA")
+    assert len(fake.calls) == 2 * len(verdict.orders) < 20
+    assert "torch 2.14.1 (A) -> 2.13.0 (B)" in verdict.story
+
+
+def test_a_crashed_side_drops_the_pair_on_both_sides(tmp_path: Path) -> None:
+    perf = session(tmp_path, FakeRuns(b_ratio=1.5, fail_b=1))
+    verdict = perf.measure(tiny_spec(world_size=1))
+    assert (
+        verdict.status == "REGRESSED" and len(verdict.dropped) == 1 and "side B failed" in verdict.dropped[0]
+    )
+    a, b = perf.ledgers["A"].records, perf.ledgers["B"].records
+    assert len(a[tiny_spec(world_size=1).case_id]) == len(b[tiny_spec(world_size=1).case_id])  # symmetric
+    with pytest.raises(CaseFailedError, match="A/B pairs failed"):
+        session(tmp_path, FakeRuns(fail_b=99)).measure(tiny_spec(world_size=1))
+
+
+def test_interpreters_that_cannot_be_a_side_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ab.ABInputError, match="does not exist"):
+        probe("B", str(tmp_path / "nope" / "python"))
+    with pytest.raises(ab.ABInputError, match="has no torch"):
+        probe("B", "/usr/bin/python3.11")
+    hidden = tmp_path / "hide" / "scaleguard"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    wrapper = tmp_path / "python-without-scaleguard"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={hidden.parent} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    with pytest.raises(ab.ABInputError, match="has no scaleguard"):
+        probe("B", str(wrapper))
+    assert probe("A", sys.executable).versions["torch"].startswith("2.")
