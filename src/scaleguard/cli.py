@@ -168,6 +168,7 @@ def cmd_ab(args: argparse.Namespace, pytest_args: list[str]) -> int:
             ab.probe(label, python)
         except ab.ABInputError as exc:
             raise UsageProblem(str(exc)) from None
+    pytest_args = [a for a in pytest_args if a != "--"]
     command = [sys.executable, "-m", "pytest", *(pytest_args or ["perf/"]), "-p", "no:cacheprovider"]
     command += ["--perf-ab-a", args.a, "--perf-ab-b", args.b]
     for flag, value in (("--perf-ab-markdown", args.markdown), ("--perf-ab-plot", args.plot),

@@ -65,6 +65,7 @@ class RunRecord:
     gpu: dict[str, Any] = field(default_factory=dict)  # clocks/power/temperature during the steps
     host: dict[str, Any] = field(default_factory=dict)  # foreign CPU/GPU load during the steps
     wall_s: float = 0.0
+    phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall time went
 
     @property
     def median_s(self) -> float:
@@ -91,6 +92,7 @@ class RunRecord:
             gpu=dict(result.machine_state.get("during_steps") or {}),
             host=dict(result.machine_state.get("foreign_load") or {}),
             wall_s=result.wall_s,
+            phases_s=dict(result.phases_s),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -93,6 +93,7 @@ class PerfState:
     _baselines: Any = None
     session: Any = None  # scaleguard.session.PerfSession, made by the first perf case
     run_root: Path | None = None  # rank files of every run; removed at the end
+    started: float = 0.0  # time.monotonic() at configure: the suite's wall time
     _ab_sides: Any = None
     _ab: Any = None  # scaleguard.ab.ABSession in a paired A/B session
     selected: tuple[CaseSpec, ...] = ()  # the perf cases this session will run, in order
@@ -443,7 +444,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "perf: a scaleguard performance case (runs worker processes)")
-    state = PerfState(config)
+    import time
+
+    state = PerfState(config, started=time.monotonic())
     config.stash[STATE] = state
     if any(state.option(name) is not None for name, _, _ in _OPTIONS):
         state.planned()  # bad --perf-* values are usage errors now, not collection errors
@@ -622,6 +625,10 @@ def pytest_terminal_summary(
         if verdict.status.value != "OK":
             terminalreporter.write_line(verdict.story)
     for line in report.disturbance_lines(ledger):
+        terminalreporter.write_line(line)
+    import time
+
+    for line in report.time_lines(ledger, time.monotonic() - state.started if state else 0.0):
         terminalreporter.write_line(line)
     if state is not None and state.update_baselines():
         for line in report.baseline_update_lines(ledger, exitstatus == pytest.ExitCode.INTERRUPTED):

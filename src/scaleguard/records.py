@@ -267,6 +267,7 @@ class RankResult:
     settings: dict[str, Any]  # speed knobs as applied inside the rank
     measure_start_unix: float = 0.0  # wall clock around the measured steps: GPU readings are
     measure_end_unix: float = 0.0  # filtered to this window
+    phase_unix: dict[str, float] = field(default_factory=dict)  # when each rank phase began
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -289,6 +290,7 @@ class RankResult:
             settings=f.raw_dict("settings"),
             measure_start_unix=float(f.number("measure_start_unix", optional=True) or 0.0),
             measure_end_unix=float(f.number("measure_end_unix", optional=True) or 0.0),
+            phase_unix={str(k): float(v) for k, v in f.raw_dict("phase_unix", optional=True).items()},
         )
 
 
@@ -342,6 +344,7 @@ class RunResult:
     machine_state: dict[str, Any] = field(default_factory=dict)  # NVML readings, if any
     quarantine: str | None = None  # why this run is no evidence (throttled GPU, ...)
     wall_s: float = 0.0  # the run's wall time in the parent, start-up included
+    phases_s: dict[str, float] = field(default_factory=dict)  # where the wall time went
     run_id: str = ""  # torchrun: ties the record to the job that wrote it
     schema_version: int = SCHEMA_VERSION
 
@@ -403,6 +406,31 @@ class RunResult:
                 machine_state=f.raw_dict("machine_state", optional=True),
                 quarantine=f.text("quarantine", optional=True),
                 wall_s=float(f.number("wall_s", optional=True) or 0.0),
+                phases_s={str(k): float(v) for k, v in f.raw_dict("phases_s", optional=True).items()},
                 run_id=f.text("run_id", optional=True) or "",
             ),
         )
+
+
+def phase_breakdown(
+    rank0: RankResult, spawned_unix: float, ended_unix: float, warmup_step_s: Sequence[float]
+) -> dict[str, float]:
+    """Seconds per phase of one run, from the parent's spawn to the ranks' exit (rank 0's
+    clock; it waits for its peers at every collective). Missing stamps count as zero."""
+    stamps = rank0.phase_unix
+    configure = stamps.get("configure", spawned_unix)
+    pg = stamps.get("init_process_group", stamps.get("build model and batches", configure))
+    build = stamps.get("build model and batches", pg)
+    warm = stamps.get("warmup", rank0.measure_start_unix or build)
+    first = float(warmup_step_s[0]) if warmup_step_s else 0.0
+    phases = {
+        "process start and imports": configure - spawned_unix,
+        "settings and device init": pg - configure,
+        "process group init": build - pg,
+        "model and batches": warm - build,
+        "first step": first,
+        "warmup": rank0.measure_start_unix - warm - first,
+        "measured steps": rank0.measure_end_unix - rank0.measure_start_unix,
+        "result and teardown": ended_unix - rank0.measure_end_unix,
+    }
+    return {k: round(max(0.0, v), 4) for k, v in phases.items()}

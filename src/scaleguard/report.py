@@ -105,6 +105,24 @@ def render(tables: Sequence[Table], width: int = 120) -> str:
     return buffer.getvalue()
 
 
+def time_lines(ledger: Ledger, suite_wall_s: float) -> list[str]:
+    """Where the suite's time went: wall time, the measured fraction, the slowest phases."""
+    runs = [r for results in ledger.results.values() for r in results]
+    if not runs:
+        return []
+    totals: dict[str, float] = {}
+    for run in runs:
+        for phase, seconds in run.phases_s.items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
+    measured = totals.get("measured steps", 0.0)
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:4]
+    return [
+        f"scaleguard: {suite_wall_s:.0f} s for {len(ledger.results)} cases ({len(runs)} runs); "
+        f"measured steps {measured:.0f} s ({measured / max(suite_wall_s, 1e-9):.0%}); most time: "
+        + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in top)
+    ]
+
+
 def disturbance_lines(ledger: Ledger) -> list[str]:
     """Cases with runs set aside because the machine was busy, and who kept it busy."""
     lines: list[str] = []

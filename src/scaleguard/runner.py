@@ -9,7 +9,7 @@ from pathlib import Path
 
 from scaleguard import foreign_load, launcher, machine_state
 from scaleguard.case import CaseSpec
-from scaleguard.records import RunResult
+from scaleguard.records import RunResult, phase_breakdown
 
 
 def run_once(
@@ -38,10 +38,12 @@ def run_once(
         if foreign_limit_cores is not None:
             load.tick()
 
-    started = time.monotonic()
+    started, started_unix = time.monotonic(), time.time()
     ranks = launcher.run_case(spec, run_dir, timeout_s, tick, interpreter)
     wall_s = time.monotonic() - started
-    result = replace(RunResult.from_ranks(spec, ranks), wall_s=wall_s)
+    rank0 = min(ranks, key=lambda r: r.rank)
+    phases = phase_breakdown(rank0, started_unix, started_unix + wall_s, rank0.warmup_step_s)
+    result = replace(RunResult.from_ranks(spec, ranks), wall_s=wall_s, phases_s=phases)
     window = (min(r.measure_start_unix for r in ranks), max(r.measure_end_unix for r in ranks))
     if foreign_limit_cores is not None:
         result = _judge_load(result, load.report(window, monitor.gpu_pids), foreign_limit_cores)

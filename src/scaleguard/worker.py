@@ -63,9 +63,11 @@ class _Status:
     def __init__(self, run_dir: Path, rank: int) -> None:
         self.path = status_path(run_dir, rank)
         self.phase = "start"
+        self.stamps: dict[str, float] = {}  # when each phase began (unix): where start-up goes
 
     def set(self, phase: str) -> None:
         self.phase = phase
+        self.stamps.setdefault(phase.split(" step ")[0], time.time())
         atomic_write_text(self.path, f"{phase} (at {time.strftime('%H:%M:%S')})\n")
 
 
@@ -307,6 +309,7 @@ def rank_main(
             settings=settings,
             measure_start_unix=measure_start,
             measure_end_unix=measure_end,
+            phase_unix=dict(status.stamps),
         )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
         if case_out is not None:
