@@ -8,14 +8,15 @@ from typing import Any, Literal
 
 from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
-Mode = Literal["single", "dp", "ddp", "fsdp"]
+Mode = Literal["single", "dp", "ddp", "fsdp", "compile"]
 Precision = Literal["fp32", "bf16"]
 Scaling = Literal["strong", "weak"]
 Inputs = Literal["synthetic", "loader"]
 Device = Literal["cpu", "cuda"]
 Profile = Literal["smoke", "full"]
 
-MODES: tuple[Mode, ...] = ("single", "dp", "ddp", "fsdp")
+MODES: tuple[Mode, ...] = ("single", "dp", "ddp", "fsdp", "compile")
+DISTRIBUTED_MODES = ("ddp", "fsdp", "compile")  # one process per rank
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
 SCALINGS: tuple[Scaling, ...] = ("strong", "weak")
 INPUTS: tuple[Inputs, ...] = ("synthetic", "loader")
@@ -48,7 +49,7 @@ class RunSettings:
 class CaseSpec:
     """One cell of the matrix: what to train, how to parallelise it, and how to time it.
 
-    ``world_size`` is the number of devices the case uses: processes for ``ddp``/``fsdp``,
+    ``world_size`` is the number of devices the case uses: processes for ``ddp``/``fsdp``/``compile``,
     GPUs driven by one process for ``dp``; always 1 for ``single``.
     """
 
@@ -83,7 +84,7 @@ class CaseSpec:
     @property
     def nprocs(self) -> int:
         """Processes to spawn: one per rank for ddp/fsdp, one driving all devices otherwise."""
-        return self.world_size if self.mode in ("ddp", "fsdp") else 1
+        return self.world_size if self.mode in DISTRIBUTED_MODES else 1
 
     @property
     def per_rank_batch(self) -> int:
@@ -92,7 +93,7 @@ class CaseSpec:
 
     @property
     def is_distributed(self) -> bool:
-        return self.mode in ("ddp", "fsdp")
+        return self.mode in DISTRIBUTED_MODES
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

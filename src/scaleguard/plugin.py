@@ -31,7 +31,7 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
         "comma list of world sizes (default cpu: 1,2; cuda: 1,2,4,... up to the GPU count)",
         None,
     ),
-    ("modes", "comma list of single,dp,ddp,fsdp (default single,dp,ddp)", None),
+    ("modes", "comma list of single,dp,ddp,fsdp,compile (default single,dp,ddp)", None),
     ("models", "comma list of models (default: the profile's)", None),
     ("precisions", "comma list of fp32,bf16 (default cuda: fp32,bf16; cpu: fp32)", None),
     ("scaling", "comma list of strong,weak (default both)", None),

@@ -89,6 +89,7 @@ def _apply_settings(spec: CaseSpec) -> dict[str, Any]:
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "channels_last": s.channels_last,
+        "channels_last_weights": s.channels_last and spec.mode != "fsdp",
         "seed": s.seed,
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
@@ -113,10 +114,13 @@ def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device) -> nn.Module:
         return model
     if spec.mode == "dp":
         return nn.DataParallel(model, device_ids=list(range(spec.world_size)))
-    if spec.mode == "ddp":
+    if spec.mode in ("ddp", "compile"):
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # compile: torch.compile of the DDP module (its optimizer splits graphs at buckets);
+        # compiling happens in the first steps: warmup, reported as "first step", never measured
+        return torch.compile(ddp) if spec.mode == "compile" else ddp  # type: ignore[return-value]
     if spec.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -162,7 +166,9 @@ def build_train_step(
     torch.manual_seed(spec.settings.seed)  # identical initial weights on every rank
     model = mdef.build().to(device)
     channels_last = spec.settings.channels_last and mdef.kind == "image"
-    if channels_last:
+    # FSDP2 shards only contiguous parameters: conv weights stay NCHW there (inputs are still
+    # channels_last, and cuDNN converts), so FSDP conv cases run instead of failing
+    if channels_last and spec.mode != "fsdp":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     model = _wrap(model, spec, device)
     instrument(model)  # the fault seam (faults.FaultSpec.instrument_model); nothing by default

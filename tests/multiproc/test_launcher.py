@@ -126,3 +126,10 @@ def test_two_suites_at_once_do_not_clash(tmp_path: Path, process_tag: str) -> No
 def test_fsdp_two_ranks_through_the_same_loop(tmp_path: Path, process_tag: str) -> None:
     ranks = run_case(tiny_spec(mode="fsdp", world_size=2, steps=3), tmp_path, timeout_s=150)
     assert sorted(r.rank for r in ranks) == [0, 1] and all(len(r.step_s) == 3 for r in ranks)
+
+
+@pytest.mark.timeout(400)
+def test_compile_mode_runs_through_the_same_loop(tmp_path: Path, process_tag: str) -> None:
+    """torch.compile under DDP: compiling happens in warmup (the first step), not in the steps."""
+    (rank,) = run_case(tiny_spec(mode="compile", world_size=1, steps=3), tmp_path, timeout_s=360)
+    assert len(rank.step_s) == 3 and rank.warmup_step_s[0] > max(rank.step_s)

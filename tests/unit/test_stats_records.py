@@ -110,3 +110,20 @@ def test_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> 
     os.chmod(target, 0o640)
     atomic_write_json(target, {"a": 3})
     assert target.stat().st_mode & 0o777 == 0o640
+
+
+def test_phase_breakdown_adds_up_to_the_wall_time() -> None:
+    from scaleguard.records import phase_breakdown
+
+    rank = RankResult(
+        "x", 0, (0.1,), (2.0, 0.1, 0.1), True, 0.5, 1, "host_max_rss", "cpu", {}, {},
+        measure_start_unix=110.0, measure_end_unix=113.0,
+        phase_unix={"configure": 103.0, "init_process_group": 103.5, "build model and batches": 104.0,
+                    "warmup": 105.0},
+    )  # fmt: skip
+    phases = phase_breakdown(rank, 100.0, 114.0, rank.warmup_step_s)
+    assert phases["process start and imports"] == 3.0 and phases["first step"] == 2.0
+    assert (
+        phases["warmup"] == 3.0 and phases["measured steps"] == 3.0 and phases["result and teardown"] == 1.0
+    )
+    assert sum(phases.values()) == pytest.approx(14.0)
