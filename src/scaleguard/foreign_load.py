@@ -199,9 +199,14 @@ class LoadMonitor:
         report = account(self.samples, self.own_root, window)
         if report is None:
             return None
-        last = self.samples[-1]
-        own = descendants(self.own_root, last.parents)
-        others = tuple((pid, last.names.get(pid, "?")) for pid in gpu_pids if pid not in own)
+        # ranks have exited by now: ours is whatever descended from us in any sample; a PID no
+        # sample saw lives in another PID namespace and cannot be attributed, so it is left out
+        own: set[int] = set()
+        names: dict[int, str] = {}
+        for sample in self.samples:
+            own |= descendants(self.own_root, sample.parents)
+            names.update(sample.names)
+        others = tuple((pid, names[pid]) for pid in sorted(set(gpu_pids)) if pid in names and pid not in own)
         return LoadReport(**{**report.__dict__, "gpu_processes": others})
 
 

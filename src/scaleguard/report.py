@@ -135,8 +135,9 @@ def disturbance_lines(ledger: Ledger) -> list[str]:
             )
         for run in runs:
             for entry in run.host.get("top", ()):
-                key = (int(entry["pid"]), str(entry["name"]))
-                load[key] = max(load.get(key, 0.0), float(entry["cores"]))
+                if float(entry["cores"]) >= 0.01:
+                    key = (int(entry["pid"]), str(entry["name"]))
+                    load[key] = max(load.get(key, 0.0), float(entry["cores"]))
     if lines and load:
         top = sorted(load.items(), key=lambda kv: -kv[1])[:5]
         lines.append(

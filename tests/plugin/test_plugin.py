@@ -114,7 +114,9 @@ def test_failing_case_fails_only_itself_and_names_the_rank(
 def test_bad_options_are_usage_errors(suite: pytest.Pytester) -> None:
     result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single,zero")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*scaleguard: unknown modes*zero*choose from single, dp, ddp, fsdp, compile*"])
+    result.stderr.fnmatch_lines(
+        ["*scaleguard: unknown modes*zero*choose from single, dp, ddp, fsdp, compile*"]
+    )
 
 
 def test_ini_twins_are_read(suite: pytest.Pytester) -> None:

@@ -88,3 +88,16 @@ def test_other_processes_on_the_gpu_disturb_the_run(tmp_path: Path) -> None:
     report = monitor.report((0.0, 1e12), gpu_pids=[101, 777])
     assert report is not None and report.gpu_processes == ((777, "other-train"),)
     assert "used the case's GPU" in (report.disturbed(0.25) or "")
+
+
+def test_a_rank_gone_by_report_time_is_still_ours_and_unseen_pids_are_left_out(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    fake_proc(root, 0, 0, {OWN: ("python", 1, 0), 101: ("python", OWN, 0)})
+    monitor = foreign_load.LoadMonitor(own_root=OWN, period_s=0.0, root=root)
+    monitor.tick()  # the rank is alive and on the GPU
+    monitor.samples[0] = replace(monitor.samples[0], unix_time=0.0)
+    import shutil
+
+    shutil.rmtree(root / "101")  # the rank exited before the report
+    report = monitor.report((0.0, 1e12), gpu_pids=[101, 4242])  # 4242: another namespace
+    assert report is not None and report.gpu_processes == ()
