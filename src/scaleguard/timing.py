@@ -115,6 +115,8 @@ class MeasuredSteps:
     warmup_step_s: tuple[float, ...]
     steady: bool  # False: warmup hit max_steps before the median settled
     final_loss: float
+    start_unix: float = 0.0  # wall clock around the measured steps (after warmup)
+    end_unix: float = 0.0
 
 
 def measure(
@@ -158,6 +160,7 @@ def measure(
     nonfinite = torch.zeros((), dtype=torch.bool, device=loss.device)
     step_s: list[float] = []
     started = time.perf_counter()
+    start_unix = time.time()
     chunk = sampling.min_steps
     while True:
         # boundaries restart per chunk: the read (a device sync) between chunks is not a step
@@ -177,8 +180,14 @@ def measure(
         raise NonFiniteLossError(
             f"loss became non-finite during the {len(step_s)} measured steps (last loss {loss.item()})"
         )
+    end_unix = time.time()
     return MeasuredSteps(
-        step_s=tuple(step_s), warmup_step_s=tuple(warmup_s), steady=steady, final_loss=float(loss.item())
+        step_s=tuple(step_s),
+        warmup_step_s=tuple(warmup_s),
+        steady=steady,
+        final_loss=float(loss.item()),
+        start_unix=start_unix,
+        end_unix=end_unix,
     )
 
 

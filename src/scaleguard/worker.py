@@ -298,7 +298,6 @@ def rank_main(
             agree_max=_agree_max(spec, device),
             before_step=before_step,
         )
-        measure_end = time.time()
         status.set("writing result")
         peak, mem_kind = _peak_memory(device)
         result = RankResult(
@@ -313,8 +312,8 @@ def rank_main(
             device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()),
             runtime=runtime_versions(),
             settings=settings,
-            measure_start_unix=measure_start,
-            measure_end_unix=measure_end,
+            measure_start_unix=measured.start_unix,
+            measure_end_unix=measured.end_unix,
             phase_unix=dict(status.stamps),
         )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
