@@ -283,7 +283,6 @@ def rank_main(
         clock: timing.StepClock = (
             timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
         )
-        measure_start = time.time()
         sampling = timing.Sampling(
             spec.settings.steps,
             spec.settings.max_steps,
