@@ -220,7 +220,11 @@ def decide(
     scaling = False
     if found.slower or found.eff_worse or found.mem_worse:
         status = Status.REGRESSED
-        scaling = found.eff_worse and ws1_status in (Status.OK, Status.IMPROVED)
+        # slower at scale while world size 1 of the group held: the parallel part regressed
+        scaling = (found.slower or found.eff_worse) and new.world_size > 1 and ws1_status in (
+            Status.OK,
+            Status.IMPROVED,
+        )
     elif found.faster:
         status = Status.IMPROVED
     elif found.suspect:
@@ -269,19 +273,18 @@ def story(
     ]
     if verdict.efficiency is not None:
         eff = verdict.efficiency
-        text = f"efficiency {old.efficiency():.2f} -> {new.efficiency():.2f}"
-        if found.eff_worse:
-            label = (
-                "scaling regression: ws1 unchanged"
-                if verdict.scaling_regression
-                else "ws1 too noisy to tell"
-                if ws1_status in (Status.NOISY, Status.INCONCLUSIVE)
-                else "ws1 changed too"
-                if ws1_status is not None
-                else "ws1 not measured in this session"
-            )
-            text += f" ({label}; p={eff.p_down:.1g})"
+        text = f"efficiency {old.efficiency():.2f} -> {new.efficiency():.2f} (p={eff.p_down:.1g})"
         parts.append(text)
+    if verdict.status is Status.REGRESSED and new.world_size > 1 and (found.slower or found.eff_worse):
+        parts.append(
+            "scaling regression: ws1 unchanged"
+            if verdict.scaling_regression
+            else "ws1 too noisy to tell whether only scaling regressed"
+            if ws1_status in (Status.NOISY, Status.INCONCLUSIVE)
+            else "ws1 changed too"
+            if ws1_status is not None
+            else "ws1 not measured in this session"
+        )
     if found.mem_worse and verdict.memory is not None:
         parts.append(
             f"peak memory {max(old.memories()) / 2**20:.0f} -> {max(new.memories()) / 2**20:.0f} MiB "
