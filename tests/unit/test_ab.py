@@ -60,7 +60,7 @@ class FakeRuns:
         if label == "B" and self.fail_b:
             self.fail_b -= 1
             raise CaseFailedError(spec.case_id, 0, "killed by SIGKILL")
-        base = 0.1 * (1 + 0.05 * (len(self.calls) % 4))  # drift shared by both sides of a pair
+        base = 0.1 * (1 + 0.05 * ((len(self.calls) - 1) // 2 % 4))  # drift shared by a pair's two runs
         return result(spec, base * (self.b_ratio if label == "B" else 1.0))
 
 

@@ -97,9 +97,9 @@ def test_steps_of_one_process_do_not_make_a_session_shift_significant() -> None:
 
 def test_young_baseline_uses_the_prior_spread_and_says_so() -> None:
     one = [run(0.1)]
-    small = decide(case([run(0.1045, seed=9)]), case(one), CUDA)
+    small = decide(case([run(0.101, seed=9)]), case(one), CUDA)
     assert (
-        small.status is Status.OK and "young baseline (1 run, 1 session): spread assumed 2.0%" in small.story
+        small.status is Status.OK and "young baseline (1 run, 1 session): spread assumed 1.0%" in small.story
     )
     assert decide(case([run(0.2, seed=9)]), case(one), CUDA).status is Status.REGRESSED  # doubling: certain
 
