@@ -192,6 +192,7 @@ def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label
                 stats.update(step_s)
         data = stats.as_dict()
         data["data"] = list(stats.data)
+        data["iterations"] = 1  # one training step per round, as in the suite's own saves
         name = f"test_train_step[{case_id}]"
         benchmarks.append(
             {

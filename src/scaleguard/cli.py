@@ -90,8 +90,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if verdict.status is not Status.OK:
             console.print(verdict.story, markup=False, highlight=False)
     if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(report.compare_markdown(rows, old_label, new_label), encoding="utf-8")
     if args.plot:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
         report.compare_plot(old, new, old_label, new_label, args.plot)
     return EXIT_REGRESSED if any(v.failed for _, v in rows) else 0
 

@@ -649,6 +649,10 @@ def _ab_summary(terminalreporter: Any, state: PerfState) -> None:
     for verdict in session.verdicts.values():
         if verdict.status != "SAME":
             terminalreporter.write_line(verdict.story)
+    for name in ("ab-markdown", "ab-plot", "ab-save"):
+        if state.option(name):
+            target = Path(str(state.option(name)))
+            (target if name == "ab-save" else target.parent).mkdir(parents=True, exist_ok=True)
     if state.option("ab-markdown"):
         Path(str(state.option("ab-markdown"))).write_text(report.ab_markdown(session), encoding="utf-8")
     if state.option("ab-plot") and session.verdicts:
