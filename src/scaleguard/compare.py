@@ -221,9 +221,14 @@ def decide(
     if found.slower or found.eff_worse or found.mem_worse:
         status = Status.REGRESSED
         # slower at scale while world size 1 of the group held: the parallel part regressed
-        scaling = (found.slower or found.eff_worse) and new.world_size > 1 and ws1_status in (
-            Status.OK,
-            Status.IMPROVED,
+        scaling = (
+            (found.slower or found.eff_worse)
+            and new.world_size > 1
+            and ws1_status
+            in (
+                Status.OK,
+                Status.IMPROVED,
+            )
         )
     elif found.faster:
         status = Status.IMPROVED

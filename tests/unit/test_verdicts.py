@@ -131,7 +131,10 @@ def test_efficiency_drop_with_ws1_unchanged_is_a_scaling_regression() -> None:
     new = [run(0.108, index=i, seed=i, eff=0.84 + 0.002 * i) for i in range(3)]
     verdict = decide(case(new), case(base), CUDA, ws1_status=Status.OK)
     assert verdict.status is Status.REGRESSED and verdict.scaling_regression
-    assert "efficiency 0.91 -> 0.84 (p=" in verdict.story and "; scaling regression: ws1 unchanged" in verdict.story
+    assert (
+        "efficiency 0.91 -> 0.84 (p=" in verdict.story
+        and "; scaling regression: ws1 unchanged" in verdict.story
+    )
     changed = decide(case(new), case(base), CUDA, ws1_status=Status.REGRESSED)
     assert not changed.scaling_regression and "ws1 changed too" in changed.story
 
