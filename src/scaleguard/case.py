@@ -43,6 +43,8 @@ class RunSettings:
     max_steps: int = 0
     max_measure_s: float = 0.0
     target_median_ci: float = 0.0
+    # step anatomy (scaleguard.anatomy): phased steps after the measured ones; 0 turns it off
+    profile_steps: int = 3
 
 
 @dataclass(frozen=True)

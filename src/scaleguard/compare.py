@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
+from scaleguard import anatomy
 from scaleguard.evidence import CaseEvidence
 from scaleguard.stats import Shift, run_shift
 
@@ -303,6 +304,12 @@ def story(
         )
     if verdict.status is Status.OK and found.needed > thr.step * 1.01:
         parts.append(f"this case resolves changes beyond {found.needed:.0%} only (its run-to-run spread)")
+    if verdict.status is Status.REGRESSED and (found.slower or found.eff_worse):
+        moved = anatomy.explain(
+            [r.anatomy for r in old.evidence if r.anatomy], [r.anatomy for r in new.evidence if r.anatomy]
+        )
+        if moved:
+            parts.append(moved)
     versions = f"torch {old.torch} -> {new.torch}" if old.torch != new.torch else f"torch {new.torch}"
     quarantined = [r for r in new.runs if r.quarantine]
     if quarantined:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from scaleguard.anatomy import Anatomy
 from scaleguard.records import Fields, RunResult
 from scaleguard.stats import StepSummary, median_ci_halfwidth
 
@@ -66,6 +67,7 @@ class RunRecord:
     host: dict[str, Any] = field(default_factory=dict)  # foreign CPU/GPU load during the steps
     wall_s: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall time went
+    anatomy: Anatomy | None = None  # where a step's time went (scaleguard.anatomy)
 
     @property
     def median_s(self) -> float:
@@ -93,11 +95,18 @@ class RunRecord:
             host=dict(result.machine_state.get("foreign_load") or {}),
             wall_s=result.wall_s,
             phases_s=dict(result.phases_s),
+            anatomy=(
+                Anatomy.from_dict(result.anatomy, f"{result.spec.case_id} anatomy", "a scaleguard bug")
+                if result.anatomy
+                else None
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["summary"] = self.summary.to_dict()
+        # the trace is a file of the machine that ran it: not stored with the run
+        data["anatomy"] = replace(self.anatomy, trace=None).to_dict() if self.anatomy else None
         data["step_s"] = [round(s, 9) for s in self.step_s]  # ns: below any clock we read
         return data
 
@@ -124,6 +133,11 @@ class RunRecord:
             gpu=f.raw_dict("gpu", optional=True),
             host=f.raw_dict("host", optional=True),
             wall_s=float(f.number("wall_s", optional=True) or 0.0),
+            anatomy=(
+                Anatomy.from_dict(data["anatomy"], f"{where}.anatomy", fix)
+                if isinstance(data, dict) and data.get("anatomy") is not None
+                else None
+            ),
         )
 
 

@@ -6,7 +6,8 @@ the rank stops answering), ``exit0`` (exits cleanly without a result), ``nan`` (
 non-finite), ``oom`` (a real out-of-memory on CUDA, a simulated one on CPU), ``commdelay``
 (DDP all-reduce delayed by ``ms`` per bucket on world sizes > 1: a communication regression),
 and ``slow`` (a compute regression: each step made ``pct`` percent longer on CPU by busy work,
-or ``ms`` longer on CUDA by a device-side spin queued after the step).
+or ``ms`` longer on CUDA by a device-side spin queued after the step; with ``at=backward``,
+``ms`` of busy work or GPU spin inside the backward pass, on either device).
 The variable is read only inside ranks; nothing is injected unless it is set. The worker knows
 three seams only: ``fire`` (at a phase and step), ``instrument_model`` and ``wrap_step``.
 """
@@ -41,6 +42,7 @@ class FaultSpec:
     step: int = 0
     ms: float = 0.0
     pct: float = 0.0
+    at: str = "step"  # slow: "step" (after every step) or "backward" (inside the backward pass)
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -51,7 +53,7 @@ class FaultSpec:
         for pair in pairs:
             key, _, value = pair.partition("=")
             values[key] = value
-        unknown = set(values) - {"rank", "phase", "step", "ms", "pct"}
+        unknown = set(values) - {"rank", "phase", "step", "ms", "pct", "at"}
         if unknown:
             raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
         return cls(
@@ -61,6 +63,7 @@ class FaultSpec:
             step=int(values.get("step", 0)),
             ms=float(values.get("ms", 0.0)),
             pct=float(values.get("pct", 0.0)),
+            at=_choice(values.get("at", "step"), ("step", "backward"), "at"),
         )
 
     @classmethod
@@ -72,7 +75,13 @@ class FaultSpec:
         return (self.rank is None or self.rank == rank) and self.phase == phase and self.step == step
 
     def instrument_model(self, model: nn.Module) -> None:
-        """``commdelay``: delay every DDP bucket's all-reduce (world sizes > 1)."""
+        """``commdelay``: delay every DDP bucket's all-reduce (world sizes > 1). ``slow`` with
+        ``at=backward``: ``ms`` more inside the backward pass (a hook at its start)."""
+        if self.kind == "slow" and self.at == "backward":
+            inner = getattr(getattr(model, "_orig_mod", model), "module", model)
+            delay = self._delay(next(inner.parameters()).device)
+            inner.register_full_backward_pre_hook(lambda module, grad_output: delay())
+            return
         if self.kind != "commdelay" or not dist.is_initialized() or dist.get_world_size() < 2:
             return
         from torch.nn.parallel import DistributedDataParallel
@@ -94,9 +103,22 @@ class FaultSpec:
                 return loss * float("nan") if next(calls) >= self.step else loss
 
             return poisoned
-        if self.kind == "slow":
+        if self.kind == "slow" and self.at == "step":
             return self._slowed(step, device)
         return step
+
+    def _delay(self, device: torch.device) -> Callable[[], None]:
+        """``ms`` of busy work: a GPU spin queued on the stream, or a busy host loop."""
+        if device.type == "cuda":
+            cycles = int(self.ms * _spin_cycles_per_ms(device))
+            return lambda: torch.cuda._sleep(cycles)
+
+        def busy() -> None:
+            until = time.perf_counter() + self.ms / 1e3
+            while time.perf_counter() < until:
+                pass
+
+        return busy
 
     def _slowed(self, step: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
         if device.type == "cuda":
@@ -138,6 +160,12 @@ class FaultSpec:
                 free, _ = torch.cuda.mem_get_info(device)
                 torch.empty(free * 2, dtype=torch.uint8, device=device)  # a real CUDA OOM
             raise torch.OutOfMemoryError(f"injected: CPU out of memory (simulated, {FAULT_ENV}={self})")
+
+
+def _choice(value: str, allowed: tuple[str, ...], key: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{FAULT_ENV}: {key}={value!r}; choose from {', '.join(allowed)}")
+    return value
 
 
 def _spin_cycles_per_ms(device: torch.device) -> float:

@@ -32,6 +32,7 @@ class MatrixOptions:
     threads_per_rank: int | None = None
     data_root: str | None = None
     loader_workers: int | None = None
+    profile_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         if options.loader_workers is not None
         else (0 if device == "cpu" else 4),
         data_root=options.data_root,
+        profile_steps=3 if options.profile_steps is None else options.profile_steps,
     )
     planned: list[PlannedCase] = []
     combos = itertools.product(
@@ -134,6 +136,8 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         mdef = get_model_def(model_name)
         if inputs == "loader" and (mdef.kind != "image" or scaling != "weak"):
             continue  # the input pipeline is measured per device: image models, weak scaling
+        if mdef.is_collective and (mode != "ddp" or scaling != "strong" or inputs != "synthetic" or ws < 2):
+            continue  # a collective: one message size, one process per rank, at least two ranks
         if mode == "single" and ws != 1:
             continue
         global_batch = mdef.strong_global_batch if scaling == "strong" else mdef.weak_per_rank_batch * ws
@@ -167,9 +171,11 @@ def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | No
             f"needs {spec.world_size} ranks x {spec.settings.threads_per_rank} threads, "
             f"{cpu_count} CPU cores: it would measure oversubscription, not scaling"
         )
-    if spec.global_batch % spec.nprocs or (spec.mode == "dp" and spec.global_batch % spec.world_size):
-        return f"global batch {spec.global_batch} does not split evenly over {spec.world_size} devices"
     mdef = get_model_def(spec.model)
+    if not mdef.is_collective and (
+        spec.global_batch % spec.nprocs or (spec.mode == "dp" and spec.global_batch % spec.world_size)
+    ):
+        return f"global batch {spec.global_batch} does not split evenly over {spec.world_size} devices"
     if spec.inputs == "loader" and spec.settings.data_root and mdef.image_px != 32:
         return f"--perf-data-root holds CIFAR-10 (32 px); {spec.model} takes {mdef.image_px} px"
     return None

@@ -19,7 +19,7 @@ class ModelDef:
 
     name: str
     profile: Literal["smoke", "full"]
-    kind: Literal["image", "tokens"]
+    kind: Literal["image", "tokens", "collective"]
     build: Callable[[], nn.Module]
     num_classes: int
     image_px: int = 0  # image models: square input side
@@ -27,6 +27,12 @@ class ModelDef:
     vocab: int = 0
     strong_global_batch: int = 0  # strong scaling: global batch split across ranks
     weak_per_rank_batch: int = 0  # weak scaling: batch per device
+    message_bytes: int = 0  # collectives: bytes all-reduced per step (scaleguard.collective)
+
+    @property
+    def is_collective(self) -> bool:
+        """Times a collective alone: ddp mode, world size >= 2, no batches, no weak scaling."""
+        return self.kind == "collective"
 
 
 class TextClassifier(nn.Module):
@@ -59,6 +65,16 @@ def _resnet(depth: int, num_classes: int) -> Callable[[], nn.Module]:
         return factory(weights=None, num_classes=num_classes)
 
     return build
+
+
+def _no_model() -> nn.Module:
+    raise TypeError("a collective case has no model (scaleguard.collective builds its step)")
+
+
+def _allreduce(name: str, profile: Literal["smoke", "full"], mib: int) -> ModelDef:
+    # one all-reduce is the "sample": samples/s reads as all-reduces per second
+    return ModelDef(name, profile, "collective", _no_model, num_classes=0, strong_global_batch=1,
+                    message_bytes=mib * 2**20)  # fmt: skip
 
 
 def _text(vocab: int, seq_len: int, d_model: int, heads: int, layers: int) -> Callable[[], nn.Module]:
@@ -120,12 +136,18 @@ MODELS: dict[str, ModelDef] = {
             strong_global_batch=32,
             weak_per_rank_batch=16,
         ),
+        # message sizes: gradient-bucket size (DDP's default bucket is 25 MiB) and a link-bound
+        # size on GPUs; one mid size on CPU, where gloo over loopback is memory-bound
+        _allreduce("allreduce_4m", "smoke", 4),
+        _allreduce("allreduce_1m", "full", 1),
+        _allreduce("allreduce_32m", "full", 32),
+        _allreduce("allreduce_256m", "full", 256),
     )
 }
 
 DEFAULT_MODELS: dict[str, tuple[str, ...]] = {
-    "smoke": ("resnet18_cifar", "transformer_tiny"),
-    "full": ("resnet50", "resnet50_cifar", "transformer"),
+    "smoke": ("resnet18_cifar", "transformer_tiny", "allreduce_4m"),
+    "full": ("resnet50", "resnet50_cifar", "transformer", "allreduce_1m", "allreduce_32m", "allreduce_256m"),
 }
 
 

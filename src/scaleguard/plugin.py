@@ -77,6 +77,17 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
         None,
     ),
     (
+        "profile-steps",
+        "step anatomy after the measured steps: phased steps with and without gradient sync, "
+        "plus one profiled step (default 3; 0: off)",
+        None,
+    ),
+    (
+        "trace-dir",
+        "where a REGRESSED case's Chrome trace is kept (default: <rootdir>/.scaleguard/traces)",
+        None,
+    ),
+    (
         "accept-reason",
         "why the --perf-accept cases are recorded although not OK (stored with their runs)",
         None,
@@ -117,7 +128,7 @@ class PerfState:
             text = self.option(name)
             if text is None:
                 return None
-            if not text.isdigit() or int(text) < (0 if name == "loader-workers" else 1):
+            if not text.isdigit() or int(text) < (0 if name in ("loader-workers", "profile-steps") else 1):
                 raise ValueError(f"--perf-{name} takes a positive integer, got {text!r}")
             return int(text)
 
@@ -137,6 +148,7 @@ class PerfState:
             threads_per_rank=integer("threads-per-rank"),
             data_root=self.option("data-root"),
             loader_workers=integer("loader-workers"),
+            profile_steps=integer("profile-steps"),
         )
 
     def planned(self) -> list[Any]:
@@ -323,6 +335,24 @@ class PerfState:
                 on_run=progress,
             )
         return self._ab
+
+    def keep_trace(self, evidence: Any) -> Path | None:
+        """Copy the last run's Chrome trace out of the run directory (removed at the end) into
+        ``--perf-trace-dir``; the path, or None when the run has none."""
+        import shutil
+
+        traces = [r.anatomy.trace for r in evidence.runs if r.anatomy and r.anatomy.trace]
+        if not traces or not Path(traces[-1]).is_file():
+            return None
+        text = self.option("trace-dir")
+        directory = Path(text) if text else self.config.rootpath / ".scaleguard" / "traces"
+        target = directory / f"{evidence.case_id}.{evidence.runs[-1].run_id}.trace.json"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(traces[-1], target)
+        except OSError as exc:  # a trace is a help, not the verdict: say why it is missing
+            return Path(f"(not kept: {exc})")
+        return target
 
     def perf_session(self) -> Any:
         """The session's scheduler and ledger, made once."""
@@ -565,7 +595,8 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
         evidence = ledger.evidence(spec.case_id)
         benchmark_io.record(benchmark, ledger.results[spec.case_id], evidence, verdict)
         if verdict is not None and verdict.failed:
-            pytest.fail(verdict.story, pytrace=False)
+            kept = request.config.stash[STATE].keep_trace(evidence)
+            pytest.fail(verdict.story + (f"; trace of the last run: {kept}" if kept else ""), pytrace=False)
         return evidence
 
     return run

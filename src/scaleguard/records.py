@@ -268,6 +268,7 @@ class RankResult:
     measure_start_unix: float = 0.0  # wall clock around the measured steps: GPU readings are
     measure_end_unix: float = 0.0  # filtered to this window
     phase_unix: dict[str, float] = field(default_factory=dict)  # when each rank phase began
+    anatomy: dict[str, Any] = field(default_factory=dict)  # anatomy.Anatomy, read by RunRecord
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,6 +292,7 @@ class RankResult:
             measure_start_unix=float(f.number("measure_start_unix", optional=True) or 0.0),
             measure_end_unix=float(f.number("measure_end_unix", optional=True) or 0.0),
             phase_unix={str(k): float(v) for k, v in f.raw_dict("phase_unix", optional=True).items()},
+            anatomy=f.raw_dict("anatomy", optional=True),
         )
 
 
@@ -346,6 +348,7 @@ class RunResult:
     wall_s: float = 0.0  # the run's wall time in the parent, start-up included
     phases_s: dict[str, float] = field(default_factory=dict)  # where the wall time went
     run_id: str = ""  # torchrun: ties the record to the job that wrote it
+    anatomy: dict[str, Any] = field(default_factory=dict)  # rank 0's step anatomy, if measured
     schema_version: int = SCHEMA_VERSION
 
     @classmethod
@@ -371,6 +374,7 @@ class RunResult:
             runtime=ranks[0].runtime,
             settings=ranks[0].settings,
             notes=tuple(notes),
+            anatomy=ranks[0].anatomy,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -408,6 +412,7 @@ class RunResult:
                 wall_s=float(f.number("wall_s", optional=True) or 0.0),
                 phases_s={str(k): float(v) for k, v in f.raw_dict("phases_s", optional=True).items()},
                 run_id=f.text("run_id", optional=True) or "",
+                anatomy=f.raw_dict("anatomy", optional=True),
             ),
         )
 
@@ -423,6 +428,7 @@ def phase_breakdown(
     build = stamps.get("build model and batches", pg)
     warm = stamps.get("warmup", rank0.measure_start_unix or build)
     first = float(warmup_step_s[0]) if warmup_step_s else 0.0
+    anatomy_at = stamps.get("step anatomy", rank0.measure_end_unix)
     phases = {
         "process start and imports": configure - spawned_unix,
         "settings and device init": pg - configure,
@@ -431,6 +437,7 @@ def phase_breakdown(
         "first step": first,
         "warmup": rank0.measure_start_unix - warm - first,
         "measured steps": rank0.measure_end_unix - rank0.measure_start_unix,
-        "result and teardown": ended_unix - rank0.measure_end_unix,
+        "step anatomy": stamps.get("writing result", anatomy_at) - anatomy_at,
+        "result and teardown": ended_unix - stamps.get("writing result", rank0.measure_end_unix),
     }
     return {k: round(max(0.0, v), 4) for k, v in phases.items()}

@@ -11,8 +11,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from scaleguard import anatomy
+from scaleguard.case import CaseSpec
+from scaleguard.collective import bus_bandwidth
 from scaleguard.compare import Status, Verdict
 from scaleguard.evidence import CaseEvidence
+from scaleguard.models import get_model_def
 
 if TYPE_CHECKING:
     from scaleguard.ledger import Ledger
@@ -89,11 +93,27 @@ def scaling_tables(ledger: Ledger) -> list[Table]:
             )  # fmt: skip
             for result in ledger.results[case_id]:
                 notes += [f"ws{spec.world_size}: {note}" for note in result.notes]
+            notes += collective_notes(spec, evidence)
+            anatomies = [r.anatomy for r in runs if r.anatomy]
+            if anatomies:
+                notes.append(f"ws{spec.world_size} step anatomy (last run): {anatomy.summary(anatomies[-1])}")
         if notes:
             table.caption = "\n".join(dict.fromkeys(notes))
             table.caption_justify = "left"
         tables.append(table)
     return tables
+
+
+def collective_notes(spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
+    """For an all-reduce case: the bandwidth its median step means (nccl-tests' busbw)."""
+    mdef = get_model_def(spec.model)
+    if not mdef.is_collective or not evidence.runs:
+        return []
+    algbw, busbw = bus_bandwidth(mdef.message_bytes, evidence.median_s(), spec.world_size)
+    return [
+        f"ws{spec.world_size}: {fmt_bytes(mdef.message_bytes)} all-reduce: algbw {algbw / 1e9:.2f} GB/s, "
+        f"busbw {busbw / 1e9:.2f} GB/s (busbw = algbw x 2(n-1)/n, as nccl-tests)"
+    ]
 
 
 def render(tables: Sequence[Table], width: int = 120) -> str:

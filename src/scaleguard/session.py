@@ -39,6 +39,10 @@ class Schedule:
     confirm_block: int = 2  # confirm runs added between decisions
     quarantine_retries: int = 2  # re-measures of a run the machine spoiled
     quarantine_pause_s: float = 30.0  # let a hot GPU recover / a busy machine quiet down first
+    # after this many cases in a row got no clean run, later cases stop pausing and retrying
+    # until a clean run is seen: a machine busy all night would otherwise cost every case
+    # (1 + retries) runs and the pauses (18 min instead of 2 for the CPU suite beside a hog)
+    busy_cases_before_giving_up: int = 2
 
     @classmethod
     def for_device(cls, device: str, repeats: int | None = None, confirm: int | None = None) -> Schedule:
@@ -78,6 +82,7 @@ class PerfSession:
         self._errors: dict[str, CaseFailedError] = {}
         self._prefetched = False
         self._count = 0
+        self._spoiled_cases = 0  # consecutive cases whose runs were all quarantined
 
     def prefetch(self, specs: Iterable[CaseSpec]) -> None:
         """With ``repeats`` R > 1, runs 1..R-1 of every case, round-robin across cases, before
@@ -126,8 +131,12 @@ class PerfSession:
         return verdict.status is Status.INCONCLUSIVE or extra < self.schedule.confirm_block
 
     def _one_run(self, spec: CaseSpec) -> None:
-        """One run; a quarantined run is kept, and the case measured again after a pause."""
-        for attempt in range(1 + self.schedule.quarantine_retries):
+        """One run; a quarantined run is kept, and the case measured again after a pause
+        (not while the machine has spoiled every run of the last cases)."""
+        retries = self.schedule.quarantine_retries
+        if self._spoiled_cases >= self.schedule.busy_cases_before_giving_up:
+            retries = 0
+        for attempt in range(1 + retries):
             self._count += 1
             run_dir = self.base_dir / f"{spec.case_id}.run{self._count}"
             try:
@@ -138,10 +147,17 @@ class PerfSession:
                 raise
             self.ledger.add(result)
             if result.quarantine is None:
+                self._spoiled_cases = 0
                 return
-            if attempt < self.schedule.quarantine_retries:
+            if attempt < retries:
                 self._on_run(f"{spec.case_id}: run quarantined ({result.quarantine}); pausing, then again")
                 if result.quarantine.startswith("disturbed"):
                     self._wait_quiet(self.schedule.quarantine_pause_s)
                 else:
                     self._sleep(self.schedule.quarantine_pause_s)
+        self._spoiled_cases += 1
+        if retries == 0 and self.schedule.quarantine_retries > 0:
+            self._on_run(
+                f"{spec.case_id}: run quarantined ({result.quarantine}); not waiting again: no clean "
+                f"run in the last {self._spoiled_cases} cases (a clean run ends this)"
+            )

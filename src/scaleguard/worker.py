@@ -7,6 +7,7 @@ always destroys its process group.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import os
@@ -23,8 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaleguard import timing
+from scaleguard import anatomy, timing
+from scaleguard.anatomy import PhasedStep
 from scaleguard.case import CaseSpec
+from scaleguard.collective import build_allreduce_step
 from scaleguard.env import cpu_model, runtime_versions
 from scaleguard.faults import FaultSpec
 from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, synthetic_batches
@@ -160,8 +163,9 @@ def build_train_step(
     device: torch.device,
     rank: int,
     instrument: Callable[[nn.Module], None] = lambda model: None,
-) -> Callable[[], torch.Tensor]:
-    """A zero-argument closure running one full training step; returns the detached loss."""
+) -> PhasedStep:
+    """One full training step as a zero-argument closure returning the detached loss
+    (``.step``), and the same step phase by phase for the anatomy (``.phases``)."""
     mdef = get_model_def(spec.model)
     torch.manual_seed(spec.settings.seed)  # identical initial weights on every rank
     model = mdef.build().to(device)
@@ -195,7 +199,79 @@ def build_train_step(
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    return step
+    no_sync = _no_sync(model)
+
+    def phases(grad_sync: bool) -> dict[str, float]:
+        # the same work as ``step``, with the device drained at every boundary: never timed
+        # as a measured step (the boundaries cost overlap), only compared with itself
+        marks = [_drained(device)]
+        inputs, targets = next(batches)
+        if convert:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        marks.append(_drained(device))
+        # DDP decides in forward whether the backward will all-reduce: no_sync spans both
+        with contextlib.nullcontext() if grad_sync or no_sync is None else no_sync():
+            with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
+                loss = loss_fn(model(inputs), targets)
+            marks.append(_drained(device))
+            loss.backward()
+        marks.append(_drained(device))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        marks.append(_drained(device))
+        names = ("data", "forward", "backward", "optimizer")
+        return {n: b - a for n, a, b in zip(names, marks, marks[1:], strict=False)}  # 5 marks, 4 gaps
+
+    return PhasedStep(step, phases, can_skip_sync=no_sync is not None)
+
+
+def _drained(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _no_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+    """DDP's ``no_sync``; None where there is no gradient all-reduce to skip (single,
+    DataParallel), no such switch (FSDP2), or where flipping it would recompile (a compiled
+    model guards on DDP's sync flag: tens of seconds per run on the H200)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync
+    return None
+
+
+def _build_step(
+    spec: CaseSpec, device: torch.device, rank: int, fault: FaultSpec | None
+) -> tuple[Callable[[], torch.Tensor], PhasedStep | None]:
+    """The case's step (a training step, or a bare collective, which has no anatomy); faults
+    act through their seams."""
+    mdef = get_model_def(spec.model)
+    phased = None
+    if mdef.is_collective:
+        step = build_allreduce_step(spec, mdef, device)  # no model: nothing to instrument
+    else:
+        phased = build_train_step(spec, device, rank, fault.instrument_model if fault else lambda m: None)
+        step = phased.step
+    return (step if fault is None else fault.wrap_step(step, rank, device)), phased
+
+
+def _anatomy(
+    spec: CaseSpec, phased: PhasedStep | None, device: torch.device, rank: int, run_dir: Path
+) -> dict[str, Any]:
+    """The step anatomy after the measured steps (``--perf-profile-steps``; 0: none)."""
+    if phased is None or spec.settings.profile_steps <= 0:
+        return {}
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:
+        # a CUDA build of torch on a machine without a GPU: Kineto's device probe would print
+        # "gpuGetDeviceCount failed" and trace markers into every CPU run's output
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    trace = run_dir / "trace.rank0.json" if rank == 0 else None
+    return anatomy.measure(phased, spec.settings.profile_steps, activities, trace).to_dict()
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
@@ -259,10 +335,7 @@ def rank_main(
         status.set("build model and batches")
         if fault is not None and fault.applies(rank, "setup", 0):
             fault.fire(device)
-        if fault is None:
-            step = build_train_step(spec, device, rank)
-        else:
-            step = fault.wrap_step(build_train_step(spec, device, rank, fault.instrument_model), rank, device)
+        step, phased = _build_step(spec, device, rank, fault)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -297,8 +370,10 @@ def rank_main(
             agree_max=_agree_max(spec, device),
             before_step=before_step,
         )
+        peak, mem_kind = _peak_memory(device)  # of the measured steps: before the anatomy's
+        status.set("step anatomy")
+        step_anatomy = _anatomy(spec, phased, device, rank, run_dir)
         status.set("writing result")
-        peak, mem_kind = _peak_memory(device)
         result = RankResult(
             case_id=spec.case_id,
             rank=rank,
@@ -314,6 +389,7 @@ def rank_main(
             measure_start_unix=measured.start_unix,
             measure_end_unix=measured.end_unix,
             phase_unix=dict(status.stamps),
+            anatomy=step_anatomy,
         )
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
         if case_out is not None:

@@ -133,3 +133,52 @@ def test_compile_mode_runs_through_the_same_loop(tmp_path: Path, process_tag: st
     """torch.compile under DDP: compiling happens in warmup (the first step), not in the steps."""
     (rank,) = run_case(tiny_spec(mode="compile", world_size=1, steps=3), tmp_path, timeout_s=360)
     assert len(rank.step_s) == 3 and rank.warmup_step_s[0] > max(rank.step_s)
+
+
+def test_allreduce_case_times_the_collective_and_reports_bus_bandwidth(
+    tmp_path: Path, process_tag: str
+) -> None:
+    from scaleguard.evidence import CaseEvidence, RunRecord
+    from scaleguard.report import collective_notes
+
+    spec = tiny_spec(world_size=2, steps=5, model="allreduce_4m")
+    ranks = run_case(spec, tmp_path, timeout_s=120)
+    assert sorted(r.rank for r in ranks) == [0, 1]
+    assert all(len(r.step_s) == 5 and r.final_loss == 0.0 for r in ranks)  # zeros summed stay zeros
+    result = RunResult.from_ranks(spec, ranks)
+    run = RunRecord.from_result(result, run_id="r1", session="s1", commit=None)
+    evidence = CaseEvidence(spec.case_id, spec.group_id, 2, {}, {}, (run,))
+    (note,) = collective_notes(spec, evidence)
+    assert note.startswith("ws2: 4 MiB all-reduce: algbw ") and "busbw" in note
+
+
+def test_step_anatomy_attributes_a_delayed_all_reduce_to_communication(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
+    import json
+
+    spec = tiny_spec(world_size=2, steps=4)
+    ranks = sorted(run_case(spec, tmp_path / "quiet", timeout_s=120), key=lambda r: r.rank)
+    quiet = ranks[0].anatomy
+    assert set(quiet["ms"]) == {"data", "forward", "backward", "optimizer", "exposed communication"}
+    assert quiet["top_ops"] and quiet["op_clock"] == "cpu" and quiet["steps"] == 3
+    assert json.loads(Path(quiet["trace"]).read_text())["traceEvents"]  # rank 0's Chrome trace
+    assert ranks[1].anatomy["trace"] is None
+    # every bucket's all-reduce sleeps 60 ms first: time only the synchronised backward pays
+    monkeypatch.setenv(FAULT_ENV, "commdelay,ms=60")
+    delayed = sorted(run_case(spec, tmp_path / "delayed", timeout_s=120), key=lambda r: r.rank)[0].anatomy
+    assert delayed["ms"]["exposed communication"] >= 50, delayed["ms"]
+
+
+def test_slow_backward_fault_lands_in_the_backward_phase_and_anatomy_can_be_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str
+) -> None:
+    from dataclasses import replace
+
+    monkeypatch.setenv(FAULT_ENV, "slow,ms=60,at=backward")
+    spec = tiny_spec(mode="single", world_size=1, steps=4)
+    (rank,) = run_case(spec, tmp_path / "slow", timeout_s=120)
+    assert rank.anatomy["ms"]["backward"] >= 50 and "exposed communication" not in rank.anatomy["ms"]
+    off = replace(spec, settings=replace(spec.settings, profile_steps=0))
+    (plain,) = run_case(off, tmp_path / "off", timeout_s=120)
+    assert plain.anatomy == {}

@@ -70,6 +70,10 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
     assert change > 50, story.group(0)  # the delay, not noise: noise is never this large
     assert re.search(r"3 runs vs 2 baseline runs; young baseline", story.group(0)), story.group(0)
     assert "; scaling regression: ws1 unchanged" in story.group(0)
+    # the step anatomy names communication, not compute, and the trace of the run is kept
+    assert "; slower: exposed communication +" in story.group(0), story.group(0)
+    trace = re.search(r"trace of the last run: (\S+\.trace\.json)", story.group(0))
+    assert trace and json.loads(Path(trace.group(1)).read_text())["traceEvents"], story.group(0)
     assert "ws1-fp32-strong REGRESSED" not in out
     # the regression is not recorded; the OK ws1 case is; the file keeps its mode
     slowed.stdout.fnmatch_lines(["*not recorded: transformer_tiny-ddp-ws2-fp32-strong: REGRESSED*"])

@@ -38,7 +38,7 @@ def test_world_size_one_runs_before_its_group() -> None:
     planned = plan(MatrixOptions(modes=("ddp",)), NO_GPU, cpu_count=2)
     seen: dict[str, int] = {}
     for p in planned:
-        if p.spec.world_size > 1:
+        if p.spec.world_size > 1 and not p.spec.model.startswith("allreduce"):  # collectives: no ws1
             assert p.spec.group_id in seen, "ws1 must come first: it anchors the speedup"
         seen.setdefault(p.spec.group_id, p.spec.world_size)
 
@@ -95,3 +95,25 @@ def test_fault_spec_parsing() -> None:
     assert FaultSpec.parse("commdelay,ms=5").ms == 5.0
     with pytest.raises(ValueError, match="unknown fault"):
         FaultSpec.parse("explode")
+
+
+def test_allreduce_reference_is_one_ddp_case_per_world_size_above_one() -> None:
+    planned = plan(MatrixOptions(), NO_GPU, cpu_count=2)
+    collective = [p for p in planned if p.spec.model.startswith("allreduce")]
+    assert ids(collective) == ["allreduce_4m-ddp-ws2-fp32-strong"]
+    assert collective[0].skip_reason is None  # a batch of 1 all-reduce need not split over ranks
+    gpus = plan(MatrixOptions(), GpuInventory(8, ("NVIDIA H200",) * 8), cpu_count=64)
+    sizes = {p.spec.world_size for p in gpus if p.spec.model == "allreduce_256m"}
+    assert sizes == {2, 4, 8}
+    one_gpu = [p for p in plan(MatrixOptions(), ONE_GPU, cpu_count=16) if p.spec.model == "allreduce_1m"]
+    assert one_gpu and all("needs 2 CUDA devices" in (p.skip_reason or "") for p in one_gpu)
+
+
+def test_bus_bandwidth_follows_nccl_tests() -> None:
+    from scaleguard.collective import bus_bandwidth
+
+    assert bus_bandwidth(2**30, 0.5, 2) == (2**31, 2**31)  # n=2: busbw = algbw
+    algbw, busbw = bus_bandwidth(2**30, 0.5, 8)
+    assert busbw == pytest.approx(algbw * 1.75)
+    with pytest.raises(ValueError):
+        bus_bandwidth(2**20, 0.0, 2)

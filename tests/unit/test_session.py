@@ -64,7 +64,11 @@ def session(tmp_path: Path, fake: FakeLauncher, baseline_medians: dict[str, floa
 
 
 A, B = tiny_spec(world_size=1), tiny_spec(world_size=1, mode="single")
-SPECS = {A.case_id: A, B.case_id: B}
+C, D = (
+    tiny_spec(world_size=1, model="resnet18_cifar"),
+    tiny_spec(world_size=1, mode="single", model="resnet18_cifar"),
+)
+SPECS = {s.case_id: s for s in (A, B, C, D)}
 
 
 def test_a_quiet_case_costs_one_run_and_is_ok(tmp_path: Path) -> None:
@@ -124,6 +128,21 @@ def test_always_quarantined_is_noisy_not_regressed(tmp_path: Path) -> None:
     verdict = perf.measure(A)
     assert verdict is not None and verdict.status is Status.NOISY and "hw_slowdown" in verdict.story
     assert len(sleeps) == 2
+
+
+def test_a_machine_busy_for_two_cases_stops_costing_pauses_until_a_clean_run(tmp_path: Path) -> None:
+    specs = [A, B, C, D]
+    fake = FakeLauncher({s.case_id: [0.1] for s in specs}, quarantine_first=3 + 3 + 1)
+    perf, sleeps = session(tmp_path, fake, {s.case_id: 0.1 for s in specs})
+    lines: list[str] = []
+    perf._on_run = lines.append
+    statuses = [perf.measure(spec) for spec in specs]
+    # cases 1 and 2: three tries each with two pauses; case 3: one try, no pause; case 4: the
+    # machine is clean again, and its case is judged
+    assert [s.status if s else None for s in statuses] == [Status.NOISY] * 3 + [Status.OK]
+    assert len(sleeps) == 4 and len(fake.calls) == 3 + 3 + 1 + 1
+    assert any("not waiting again: no clean run in the last 3 cases" in line for line in lines), lines
+    assert perf._spoiled_cases == 0
 
 
 def test_a_failed_prefetch_run_fails_its_case_only(tmp_path: Path) -> None:

@@ -1,0 +1,200 @@
+"""Step anatomy: where one training step's time goes, and what moved when a case regressed.
+
+Measured **after** the measured steps, never inside them: a few extra steps are run phase by
+phase with the device synchronised at every boundary (data, forward, backward, optimizer), once
+with gradient synchronisation and once without it (DDP's ``no_sync``). The backward time that
+only the synchronised steps pay is the **exposed communication**: all-reduce time that overlap
+did not hide, rank imbalance included. One more step runs under ``torch.profiler`` for a
+compact table of the costliest ops (device time on CUDA, self CPU time on CPU) and a
+Chrome-trace file of rank 0 (opens in Perfetto or chrome://tracing).
+
+The synchronised phases are slower than a real step (no overlap across phase boundaries), so the
+categories explain a step; they do not add up to the measured median. What a REGRESSED story
+uses is their change against the baseline's runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scaleguard.records import Fields
+
+CATEGORIES = ("data", "forward", "backward", "optimizer", "exposed communication")
+TOP_OPS = 8
+# annotations and profiler bookkeeping that are not ops of the model
+_NOT_OPS = ("ProfilerStep", "scaleguard.", "cudaDeviceSynchronize", "Memcpy", "[memory]")
+
+
+@dataclass(frozen=True)
+class OpTime:
+    name: str
+    calls: float  # per step
+    ms: float  # per step: device time on CUDA, self CPU time on CPU
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """One run's step anatomy (rank 0's): milliseconds per step by category and the top ops."""
+
+    ms: dict[str, float]  # category -> median ms per step over the anatomy steps
+    top_ops: tuple[OpTime, ...]
+    op_clock: str  # "device" or "cpu": what the op times are
+    steps: int
+    cost_s: float  # wall time the anatomy added to the run
+    trace: str | None = None  # rank 0's Chrome trace (a path on the machine that ran it)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ms": {k: round(v, 4) for k, v in self.ms.items()},
+            "top_ops": [{"name": o.name, "calls": o.calls, "ms": round(o.ms, 4)} for o in self.top_ops],
+            "op_clock": self.op_clock,
+            "steps": self.steps,
+            "cost_s": round(self.cost_s, 3),
+            "trace": self.trace,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str, fix: str) -> Anatomy:
+        f = Fields.of(data, where, fix)
+        ms: dict[str, float] = {}
+        for key, value in f.raw_dict("ms").items():
+            if key not in CATEGORIES:
+                raise f.fail("ms", f"has an unknown category {key!r}; known: {', '.join(CATEGORIES)}")
+            ms[key] = float(Fields.of({"v": value}, f"{where}.ms", fix).number("v") or 0.0)
+        ops = []
+        for index, item in enumerate(f.items("top_ops")[:TOP_OPS]):
+            o = Fields.of(item, f"{where}.top_ops[{index}]", fix)
+            ops.append(
+                OpTime(o.string("name"), float(o.number("calls") or 0.0), float(o.number("ms") or 0.0))
+            )
+        return cls(
+            ms=ms,
+            top_ops=tuple(ops),
+            op_clock=f.string("op_clock"),
+            steps=int(f.integer("steps", 1, 10_000) or 1),
+            cost_s=float(f.number("cost_s") or 0.0),
+            trace=f.text("trace", optional=True),
+        )
+
+
+@dataclass(frozen=True)
+class PhasedStep:
+    """What the anatomy needs of a case's step, built with it (``worker.build_train_step``).
+
+    ``phases(grad_sync)`` runs one step phase by phase with the device synchronised at each
+    boundary and returns seconds per phase; ``grad_sync=False`` skips the gradient all-reduce
+    (None when the mode cannot: FSDP, single device). ``step`` is the plain step, for the
+    profiled one.
+    """
+
+    step: Callable[[], Any]
+    phases: Callable[[bool], dict[str, float]]
+    can_skip_sync: bool
+
+
+def measure(
+    phased: PhasedStep, steps: int, profiler_activities: Sequence[Any], trace: Path | None
+) -> Anatomy:
+    """Run the anatomy steps (every rank must call it: the synchronised steps all-reduce)."""
+    import torch.profiler
+
+    started = time.perf_counter()
+    synced = [phased.phases(True) for _ in range(steps)]
+    local = [phased.phases(False) for _ in range(steps)] if phased.can_skip_sync else []
+    ms = {name: statistics.median(s[name] for s in synced) * 1e3 for name in synced[0]}
+    if local:
+        compute = statistics.median(s["backward"] for s in local) * 1e3
+        ms["exposed communication"] = max(0.0, ms["backward"] - compute)
+        ms["backward"] = compute
+    with torch.profiler.profile(activities=list(profiler_activities)) as prof:
+        phased.step()
+        _synchronize()
+    on_device = any(a == torch.profiler.ProfilerActivity.CUDA for a in profiler_activities)
+    top = top_ops(prof.key_averages(), on_device)
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+    return Anatomy(
+        ms=ms,
+        top_ops=top,
+        op_clock="device" if on_device else "cpu",
+        steps=steps,
+        cost_s=time.perf_counter() - started,
+        trace=str(trace) if trace is not None else None,
+    )
+
+
+def _synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def top_ops(averages: Sequence[Any], on_device: bool) -> tuple[OpTime, ...]:
+    """The costliest ops of one profiled step by self time (µs in the profiler's averages)."""
+
+    def self_us(event: Any) -> float:
+        if on_device:
+            # renamed from self_cuda_time_total in torch 2.4
+            old_name = getattr(event, "self_cuda_time_total", 0.0)
+            return float(getattr(event, "self_device_time_total", old_name))
+        return float(event.self_cpu_time_total)
+
+    rows = [e for e in averages if not e.key.startswith(_NOT_OPS) and self_us(e) > 0]
+    rows.sort(key=self_us, reverse=True)
+    return tuple(OpTime(e.key, float(e.count), self_us(e) / 1e3) for e in rows[:TOP_OPS])
+
+
+def _median_ms(anatomies: Sequence[Anatomy]) -> dict[str, float]:
+    keys = {k for a in anatomies for k in a.ms}
+    return {k: statistics.median(a.ms.get(k, 0.0) for a in anatomies) for k in keys}
+
+
+def _median_ops(anatomies: Sequence[Anatomy]) -> dict[str, float]:
+    names = {o.name for a in anatomies for o in a.top_ops}
+    per = [{o.name: o.ms for o in a.top_ops} for a in anatomies]
+    # an op missing from a run's top table took less than that table's last row: count it as 0
+    return {n: statistics.median(p.get(n, 0.0) for p in per) for n in names}
+
+
+def explain(old: Sequence[Anatomy], new: Sequence[Anatomy], floor_ms: float = 0.05) -> str | None:
+    """What moved most between the baseline's anatomies and this session's, e.g.
+    ``slower: exposed communication +30.2 ms/step (0.4 -> 30.6), backward +0.3 ms/step;
+    top op: aten::mm +1.2 ms/step (+11%)``. None when either side has no anatomy."""
+    if not old or not new:
+        return None
+    before, after = _median_ms(old), _median_ms(new)
+    moved = sorted(
+        ((k, after.get(k, 0.0) - before.get(k, 0.0)) for k in CATEGORIES if k in before or k in after),
+        key=lambda kv: -kv[1],
+    )
+    grew = [(k, d) for k, d in moved if d > floor_ms]
+    if not grew:
+        return "step anatomy: no category grew by more than 0.05 ms/step"
+    # the categories that carry the change: the largest, and others at least a third of it
+    named = [(k, d) for k, d in grew if d >= grew[0][1] / 3][:3]
+    parts = [f"{k} +{d:.2f} ms/step ({before.get(k, 0.0):.2f} -> {after.get(k, 0.0):.2f})" for k, d in named]
+    text = "slower: " + ", ".join(parts)
+    if old[0].op_clock == new[0].op_clock:
+        ops_before, ops_after = _median_ops(old), _median_ops(new)
+        deltas = sorted(
+            ((n, ops_after.get(n, 0.0) - ops_before.get(n, 0.0)) for n in set(ops_before) | set(ops_after)),
+            key=lambda kv: -kv[1],
+        )
+        if deltas and deltas[0][1] > floor_ms:
+            name, delta = deltas[0]
+            base = ops_before.get(name, 0.0)
+            rel = f" ({delta / base:+.0%})" if base > 0 else " (new in the top ops)"
+            text += f"; top op: {name} +{delta:.2f} ms/step{rel}"
+    return text
+
+
+def summary(anatomy: Anatomy) -> str:
+    """One line: ms per step by category, e.g. ``forward 5.20, backward 9.81, ...``."""
+    return ", ".join(f"{k} {anatomy.ms[k]:.2f}" for k in CATEGORIES if k in anatomy.ms) + " ms/step"

@@ -1,0 +1,54 @@
+"""Step anatomy: its record, and the sentence that says what moved."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaleguard.anatomy import Anatomy, OpTime, explain, summary
+from scaleguard.records import FileFormatError
+
+
+def anatomy(comm: float = 0.5, backward: float = 10.0, mm: float = 4.0) -> Anatomy:
+    return Anatomy(
+        ms={
+            "data": 0.1,
+            "forward": 5.0,
+            "backward": backward,
+            "optimizer": 1.0,
+            "exposed communication": comm,
+        },
+        top_ops=(OpTime("aten::mm", 12, mm), OpTime("aten::addmm", 6, 2.0)),
+        op_clock="cpu",
+        steps=3,
+        cost_s=0.4,
+        trace="/tmp/run/trace.rank0.json",
+    )
+
+
+def test_a_delayed_all_reduce_is_named_communication_not_compute() -> None:
+    text = explain([anatomy(), anatomy(comm=0.7)], [anatomy(comm=30.5), anatomy(comm=31.0)])
+    assert text is not None and text.startswith("slower: exposed communication +30.")
+    assert "backward" not in text and "top op" not in text  # compute did not move
+
+
+def test_slower_backward_names_backward_and_the_op_that_grew() -> None:
+    text = explain([anatomy()], [anatomy(backward=13.0, mm=7.0)])
+    assert text == ("slower: backward +3.00 ms/step (10.00 -> 13.00); top op: aten::mm +3.00 ms/step (+75%)")
+
+
+def test_no_anatomy_on_either_side_explains_nothing() -> None:
+    assert explain([], [anatomy()]) is None and explain([anatomy()], []) is None
+    assert explain([anatomy()], [anatomy()]) == "step anatomy: no category grew by more than 0.05 ms/step"
+
+
+def test_round_trip_drops_nothing_and_reader_rejects_bad_fields() -> None:
+    a = anatomy()
+    assert Anatomy.from_dict(a.to_dict(), "x", "fix") == a
+    assert "exposed communication 0.50 ms/step" in summary(a)
+    bad = a.to_dict() | {"ms": {"warp drive": 1.0}}
+    with pytest.raises(FileFormatError, match="unknown category 'warp drive'"):
+        Anatomy.from_dict(bad, "baseline x", "re-record")
+    with pytest.raises(FileFormatError, match="is nan, outside"):
+        Anatomy.from_dict(a.to_dict() | {"ms": {"forward": math.nan}}, "baseline x", "re-record")
