@@ -237,6 +237,8 @@ class ABSession:
             len(kept) < self.schedule.max_pairs and attempts < self.schedule.max_pairs + 2 * MAX_DROPPED + 4
         ):
             for order in self._order_block():
+                if len(kept) >= self.schedule.max_pairs:
+                    break  # after a dropped pair the block may not fit under the cap
                 attempts += 1
                 pair: dict[str, RunResult] = {}
                 failure = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,9 +112,12 @@ def measure(
         compute = statistics.median(s["backward"] for s in local) * 1e3
         ms["exposed communication"] = max(0.0, ms["backward"] - compute)
         ms["backward"] = compute
-    with torch.profiler.profile(activities=list(profiler_activities)) as prof:
-        phased.step()
-        _synchronize()
+    with warnings.catch_warnings():
+        # torch >= 2.4 warns once per profile that events are not kept across cycles: one cycle
+        warnings.filterwarnings("ignore", message="Profiler clears events")
+        with torch.profiler.profile(activities=list(profiler_activities)) as prof:
+            phased.step()
+            _synchronize()
     on_device = any(a == torch.profiler.ProfilerActivity.CUDA for a in profiler_activities)
     top = top_ops(prof.key_averages(), on_device)
     if trace is not None:
@@ -146,7 +150,18 @@ def top_ops(averages: Sequence[Any], on_device: bool) -> tuple[OpTime, ...]:
             return float(getattr(event, "self_device_time_total", old_name))
         return float(event.self_cpu_time_total)
 
-    rows = [e for e in averages if not e.key.startswith(_NOT_OPS) and self_us(e) > 0]
+    # user annotations (DistributedDataParallel.forward, Optimizer.step#SGD.step) span other
+    # ops' kernels on the GPU timeline: they are regions, not ops
+    # on CUDA the kernels are listed too, under the ops that launched them: ops only, so no
+    # time is counted twice
+    rows = [
+        e
+        for e in averages
+        if not e.key.startswith(_NOT_OPS)
+        and not getattr(e, "is_user_annotation", False)
+        and str(getattr(e, "device_type", "CPU")).endswith("CPU")
+        and self_us(e) > 0
+    ]
     rows.sort(key=self_us, reverse=True)
     return tuple(OpTime(e.key, float(e.count), self_us(e) / 1e3) for e in rows[:TOP_OPS])
 

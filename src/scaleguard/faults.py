@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,6 +81,9 @@ class FaultSpec:
         if self.kind == "slow" and self.at == "backward":
             inner = getattr(getattr(model, "_orig_mod", model), "module", model)
             delay = self._delay(next(inner.parameters()).device)
+            # token inputs need no gradient: torch warns that the hook fires on the outputs'
+            # gradients, which is the point here (the start of the backward pass)
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
             inner.register_full_backward_pre_hook(lambda module, grad_output: delay())
             return
         if self.kind != "commdelay" or not dist.is_initialized() or dist.get_world_size() < 2:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from scaleguard import worker
 from scaleguard.case import CaseSpec
@@ -181,13 +182,26 @@ def _started_as(interpreter: Interpreter | None) -> Iterator[None]:
     from multiprocessing import spawn
 
     saved_exe = spawn.get_executable()
+    saved_prep = spawn.get_preparation_data
     saved_env = {key: os.environ.get(key) for key, _ in interpreter.env}
+
+    def own_paths(name: str) -> dict[str, Any]:
+        # spawn hands the child this process's sys.path (and re-imports our __main__): the
+        # other interpreter would then import *this* environment's torch. Without them it keeps
+        # its own site-packages, which is the point of the other side
+        data = saved_prep(name)
+        for key in ("sys_path", "init_main_from_name", "init_main_from_path"):
+            data.pop(key, None)
+        return data
+
     spawn.set_executable(interpreter.python)
+    spawn.get_preparation_data = own_paths  # type: ignore[assignment]
     os.environ.update(dict(interpreter.env))
     try:
         yield
     finally:
         spawn.set_executable(saved_exe)
+        spawn.get_preparation_data = saved_prep  # type: ignore[assignment]
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)

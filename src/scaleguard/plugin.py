@@ -162,10 +162,10 @@ class PerfState:
                 raise pytest.UsageError(f"scaleguard: {exc}") from exc
         return self._planned
 
-    def thresholds(self, device: str) -> Any:
+    def thresholds(self, device: str, paired: bool = False) -> Any:
         from scaleguard.compare import Thresholds
 
-        thresholds = Thresholds.for_device(device)
+        thresholds = Thresholds.for_ab(device) if paired else Thresholds.for_device(device)
         overrides = " ".join(
             f"{name}={self.option('threshold-' + name)}"
             for name in ("step", "efficiency", "memory")
@@ -314,7 +314,7 @@ class PerfState:
 
             device = self.planned()[0].spec.device
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-            thresholds = self.thresholds(device)
+            thresholds = self.thresholds(device, paired=True)
             per_case = list(self.config.getini("perf_case_thresholds"))
 
             def progress(line: str) -> None:
@@ -678,7 +678,7 @@ def _ab_summary(terminalreporter: Any, state: PerfState) -> None:
         report.render([report.ab_table(session)], max(100, terminalreporter._tw.fullwidth))
     )
     for verdict in session.verdicts.values():
-        if verdict.status != "SAME":
+        if verdict.status != "SAME" or verdict.dropped:  # a dropped pair is always reported
             terminalreporter.write_line(verdict.story)
     for name in ("ab-markdown", "ab-plot", "ab-save"):
         if state.option(name):

@@ -362,7 +362,7 @@ def ab_markdown(session: Any) -> str:
     ]
     lines += ["| " + " | ".join(AB_HEADERS) + " |", "|" + "---|" * len(AB_HEADERS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    stories = [v.story for v in session.verdicts.values() if v.status != "SAME"]
+    stories = [v.story for v in session.verdicts.values() if v.status != "SAME" or v.dropped]
     if stories:
         lines += ["", "<details><summary>details</summary>", ""] + [f"- {s}" for s in stories]
         lines += ["", "</details>"]

@@ -43,3 +43,16 @@ def test_a_side_that_crashes_is_dropped_then_fails_the_case_with_nothing_left(
         session.measure(tiny_spec(world_size=2, steps=4))
     assert "side B failed: InjectedFault" in str(info.value)
     assert not session.ledgers["A"].records  # A's runs of the dropped pairs are not kept
+
+
+def test_the_other_interpreter_keeps_its_own_sys_path() -> None:
+    """spawn hands a child the parent's sys.path: the other side would import *our* torch."""
+    from multiprocessing import spawn
+
+    from scaleguard.launcher import Interpreter, _started_as
+
+    assert "sys_path" in spawn.get_preparation_data("rank")
+    with _started_as(Interpreter(sys.executable)):
+        data = spawn.get_preparation_data("rank")
+        assert "sys_path" not in data and "init_main_from_name" not in data
+    assert "sys_path" in spawn.get_preparation_data("rank")  # restored

@@ -106,3 +106,10 @@ def test_interpreters_that_cannot_be_a_side_are_named(tmp_path: Path) -> None:
     with pytest.raises(ab.ABInputError, match="has no scaleguard"):
         probe("B", str(wrapper))
     assert probe("A", sys.executable).versions["torch"].startswith("2.")
+
+
+def test_paired_thresholds_are_tighter_on_cpu_only() -> None:
+    from scaleguard.compare import Thresholds
+
+    assert Thresholds.for_ab("cpu").step == 0.05 and Thresholds.for_device("cpu").step == 0.10
+    assert Thresholds.for_ab("cuda") == Thresholds.for_device("cuda")
