@@ -48,6 +48,7 @@ class Anatomy:
     steps: int
     cost_s: float  # wall time the anatomy added to the run
     trace: str | None = None  # rank 0's Chrome trace (a path on the machine that ran it)
+    grad_bytes: int = 0  # gradients a step all-reduces (unsharded), for the bandwidth bound
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class Anatomy:
             "steps": self.steps,
             "cost_s": round(self.cost_s, 3),
             "trace": self.trace,
+            "grad_bytes": self.grad_bytes,
         }
 
     @classmethod
@@ -80,6 +82,7 @@ class Anatomy:
             steps=int(f.integer("steps", 1, 10_000) or 1),
             cost_s=float(f.number("cost_s") or 0.0),
             trace=f.text("trace", optional=True),
+            grad_bytes=int(f.integer("grad_bytes", optional=True) or 0),
         )
 
 
@@ -96,6 +99,7 @@ class PhasedStep:
     step: Callable[[], Any]
     phases: Callable[[bool], dict[str, float]]
     can_skip_sync: bool
+    grad_bytes: int = 0
 
 
 def measure(
@@ -130,6 +134,7 @@ def measure(
         steps=steps,
         cost_s=time.perf_counter() - started,
         trace=str(trace) if trace is not None else None,
+        grad_bytes=phased.grad_bytes,
     )
 
 

@@ -30,6 +30,22 @@ def bus_bandwidth(message_bytes: int, step_s: float, world_size: int) -> tuple[f
     return algbw, algbw * 2 * (world_size - 1) / world_size
 
 
+def no_overlap_bound(
+    grad_bytes: int, busbw: float, world_size: int, per_rank_batch: int, ws1_samples_per_s: float
+) -> tuple[float, float]:
+    """(seconds per step to all-reduce the gradients at ``busbw``, scaling efficiency if that
+    time were not hidden under compute at all).
+
+    A ring all-reduce moves 2(n-1)/n of the buffer over each link, so it takes
+    ``grad_bytes x 2(n-1)/n / busbw``; the ideal step is the rank's batch at the world-size-1
+    rate. Measured efficiency above the bound means overlap works; below it, something besides
+    the all-reduce (imbalance, contention for cores) costs time.
+    """
+    comm = grad_bytes * 2 * (world_size - 1) / world_size / busbw
+    ideal = per_rank_batch / ws1_samples_per_s
+    return comm, ideal / (ideal + comm)
+
+
 def build_allreduce_step(spec: CaseSpec, mdef: ModelDef, device: torch.device) -> Callable[[], torch.Tensor]:
     """One all-reduce of ``mdef.message_bytes`` per step, in the case's precision.
 

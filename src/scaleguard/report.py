@@ -13,7 +13,7 @@ from rich.table import Table
 
 from scaleguard import anatomy
 from scaleguard.case import CaseSpec
-from scaleguard.collective import bus_bandwidth
+from scaleguard.collective import bus_bandwidth, no_overlap_bound
 from scaleguard.compare import Status, Verdict
 from scaleguard.evidence import CaseEvidence
 from scaleguard.models import get_model_def
@@ -94,6 +94,7 @@ def scaling_tables(ledger: Ledger) -> list[Table]:
             for result in ledger.results[case_id]:
                 notes += [f"ws{spec.world_size}: {note}" for note in result.notes]
             notes += collective_notes(spec, evidence)
+            notes += bandwidth_bound_notes(ledger, spec, evidence)
             anatomies = [r.anatomy for r in runs if r.anatomy]
             if anatomies:
                 notes.append(f"ws{spec.world_size} step anatomy (last run): {anatomy.summary(anatomies[-1])}")
@@ -113,6 +114,36 @@ def collective_notes(spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
     return [
         f"ws{spec.world_size}: {fmt_bytes(mdef.message_bytes)} all-reduce: algbw {algbw / 1e9:.2f} GB/s, "
         f"busbw {busbw / 1e9:.2f} GB/s (busbw = algbw x 2(n-1)/n, as nccl-tests)"
+    ]
+
+
+def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
+    """For a DDP case at world size > 1: what its gradients cost at the bus bandwidth this
+    session's all-reduce case measured at the same world size, and the efficiency that
+    allows without overlap, beside the measured efficiency."""
+    grads = [r.anatomy.grad_bytes for r in evidence.runs if r.anatomy and r.anatomy.grad_bytes]
+    reference = ledger.ws1_samples_per_s(spec.group_id)
+    effs = evidence.efficiencies()
+    if spec.world_size < 2 or spec.mode != "ddp" or not grads or reference is None or not effs:
+        return []
+    references = [
+        (abs(get_model_def(s.model).message_bytes - 25 * 2**20), s)  # nearest DDP's 25 MiB buckets
+        for cid, s in ledger.specs.items()
+        if get_model_def(s.model).is_collective
+        and s.world_size == spec.world_size
+        and s.device == spec.device
+        and ledger.records.get(cid)
+    ]
+    if not references:
+        return []
+    _, ref = min(references, key=lambda pair: pair[0])
+    ref_ev = ledger.evidence(ref.case_id)
+    _, busbw = bus_bandwidth(get_model_def(ref.model).message_bytes, ref_ev.median_s(), ref.world_size)
+    comm, bound = no_overlap_bound(grads[-1], busbw, spec.world_size, spec.per_rank_batch, reference)
+    return [
+        f"ws{spec.world_size}: efficiency {sum(effs) / len(effs):.2f}; {fmt_bytes(grads[-1])} of gradients "
+        f"at {ref.model}'s busbw {busbw / 1e9:.2f} GB/s take {comm * 1e3:.1f} ms/step: "
+        f"{bound:.2f} if none of it overlapped"
     ]
 
 

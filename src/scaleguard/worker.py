@@ -169,6 +169,7 @@ def build_train_step(
     mdef = get_model_def(spec.model)
     torch.manual_seed(spec.settings.seed)  # identical initial weights on every rank
     model = mdef.build().to(device)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     channels_last = spec.settings.channels_last and mdef.kind == "image"
     # FSDP2 shards only contiguous parameters: conv weights stay NCHW there (inputs are still
     # channels_last, and cuDNN converts), so FSDP conv cases run instead of failing
@@ -222,7 +223,7 @@ def build_train_step(
         names = ("data", "forward", "backward", "optimizer")
         return {n: b - a for n, a, b in zip(names, marks, marks[1:], strict=False)}  # 5 marks, 4 gaps
 
-    return PhasedStep(step, phases, can_skip_sync=no_sync is not None)
+    return PhasedStep(step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes)
 
 
 def _drained(device: torch.device) -> float:

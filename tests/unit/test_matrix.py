@@ -117,3 +117,13 @@ def test_bus_bandwidth_follows_nccl_tests() -> None:
     assert busbw == pytest.approx(algbw * 1.75)
     with pytest.raises(ValueError):
         bus_bandwidth(2**20, 0.0, 2)
+
+
+def test_no_overlap_bound_from_gradient_bytes_and_bus_bandwidth() -> None:
+    from scaleguard.collective import no_overlap_bound
+
+    # 1 GB of gradients at 1 GB/s busbw over 2 ranks: 1 s of all-reduce; a 1 s ideal step
+    comm, bound = no_overlap_bound(10**9, 1e9, 2, per_rank_batch=16, ws1_samples_per_s=16.0)
+    assert comm == pytest.approx(1.0) and bound == pytest.approx(0.5)
+    comm8, _ = no_overlap_bound(10**9, 1e9, 8, per_rank_batch=16, ws1_samples_per_s=16.0)
+    assert comm8 == pytest.approx(1.75)  # 2(n-1)/n of the buffer crosses each link
