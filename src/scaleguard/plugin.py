@@ -48,8 +48,16 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("loader-workers", "DataLoader workers per rank for loader cases", None),
     ("baselines", "directory of baseline JSON files (default: <rootdir>/baselines)", None),
     ("baseline-torch", "compare with the baseline of this torch version (default: newest recorded)", None),
-    ("threshold-step", "relative median step-time change that counts (default 0.05)", None),
-    ("threshold-efficiency", "scaling-efficiency drop in points that counts (default 0.03)", None),
+    (
+        "threshold-step",
+        "relative median step-time change that counts (default cuda 0.03, cpu 0.10; paired A/B on cpu 0.05)",
+        None,
+    ),
+    (
+        "threshold-efficiency",
+        "scaling-efficiency drop in points that counts (default cuda 0.03, cpu 0.10; paired A/B on cpu 0.05)",
+        None,
+    ),
     ("threshold-memory", "relative peak-memory growth that counts (default 0.10)", None),
     (
         "repeats",
