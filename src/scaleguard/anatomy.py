@@ -25,10 +25,11 @@ from typing import Any
 
 from scaleguard.records import Fields
 
-CATEGORIES = ("data", "forward", "backward", "optimizer", "exposed communication")
+PHASES = ("data", "forward", "backward", "optimizer")  # the boundaries of one phased step
+CATEGORIES = (*PHASES, "exposed communication")
 TOP_OPS = 8
 # annotations and profiler bookkeeping that are not ops of the model
-_NOT_OPS = ("ProfilerStep", "scaleguard.", "cudaDeviceSynchronize", "Memcpy", "[memory]")
+_NOT_OPS = ("ProfilerStep", "cudaDeviceSynchronize", "Memcpy", "[memory]")
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,11 @@ def measure(
     on_device = any(a == torch.profiler.ProfilerActivity.CUDA for a in profiler_activities)
     top = top_ops(prof.key_averages(), on_device)
     if trace is not None:
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace))
+        try:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace))
+        except OSError:  # a full or read-only disk costs the trace, never the run's result
+            trace = None
     return Anatomy(
         ms=ms,
         top_ops=top,

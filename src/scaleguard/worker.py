@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import itertools
 import os
 import resource
 import signal
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleguard import anatomy, timing
-from scaleguard.anatomy import PhasedStep
+from scaleguard.anatomy import PHASES, PhasedStep
 from scaleguard.case import CaseSpec
 from scaleguard.collective import build_allreduce_step
 from scaleguard.env import cpu_model, runtime_versions
@@ -189,39 +190,42 @@ def build_train_step(
     # and converting them is part of the input pipeline being measured
     convert = channels_last and spec.inputs == "loader"
 
-    def step() -> torch.Tensor:
+    no_sync = _no_sync(model)
+
+    def step(lap: Callable[[], None] | None = None, grad_sync: bool = True) -> torch.Tensor:
+        """One training step; returns the detached loss. The measured steps call it bare (no
+        ``lap``: nothing synchronises, a few ``None`` checks cost well under a microsecond);
+        the anatomy passes ``lap``, its phase boundary, and ``grad_sync=False`` for DDP's
+        ``no_sync``, which spans forward and backward since DDP decides in forward whether the
+        backward all-reduces. One body for both: the anatomy explains the step that is timed."""
         inputs, targets = next(batches)
         if convert:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
-            loss = loss_fn(model(inputs), targets)
-        loss.backward()
+        if lap:
+            lap()
+        with contextlib.nullcontext() if grad_sync or no_sync is None else no_sync():
+            with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
+                loss = loss_fn(model(inputs), targets)
+            if lap:
+                lap()
+            loss.backward()
+        if lap:
+            lap()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    no_sync = _no_sync(model)
-
     def phases(grad_sync: bool) -> dict[str, float]:
-        # the same work as ``step``, with the device drained at every boundary: never timed
-        # as a measured step (the boundaries cost overlap), only compared with itself
+        # the device drained at every boundary: never a measured step (the boundaries cost
+        # overlap), only compared with itself
         marks = [_drained(device)]
-        inputs, targets = next(batches)
-        if convert:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        marks.append(_drained(device))
-        # DDP decides in forward whether the backward will all-reduce: no_sync spans both
-        with contextlib.nullcontext() if grad_sync or no_sync is None else no_sync():
-            with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
-                loss = loss_fn(model(inputs), targets)
+
+        def lap() -> None:
             marks.append(_drained(device))
-            loss.backward()
-        marks.append(_drained(device))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        marks.append(_drained(device))
-        names = ("data", "forward", "backward", "optimizer")
-        return {n: b - a for n, a, b in zip(names, marks, marks[1:], strict=False)}  # 5 marks, 4 gaps
+
+        step(lap, grad_sync)
+        lap()
+        return {n: b - a for n, (a, b) in zip(PHASES, itertools.pairwise(marks), strict=True)}
 
     return PhasedStep(step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes)
 

@@ -52,3 +52,20 @@ def test_round_trip_drops_nothing_and_reader_rejects_bad_fields() -> None:
         Anatomy.from_dict(bad, "baseline x", "re-record")
     with pytest.raises(FileFormatError, match="is nan, outside"):
         Anatomy.from_dict(a.to_dict() | {"ms": {"forward": math.nan}}, "baseline x", "re-record")
+
+
+def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from scaleguard.anatomy import PhasedStep, measure
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")  # the trace's directory is a file: mkdir fails
+    phased = PhasedStep(
+        step=lambda: torch.ones(64, 64) @ torch.ones(64, 64),
+        phases=lambda grad_sync: {"data": 0.001, "forward": 0.002, "backward": 0.003, "optimizer": 0.001},
+        can_skip_sync=False,
+    )
+    result = measure(phased, 2, [torch.profiler.ProfilerActivity.CPU], blocker / "trace.json")
+    assert result.trace is None and result.ms["backward"] == pytest.approx(3.0)
+    assert result.top_ops and result.op_clock == "cpu"
