@@ -39,7 +39,7 @@ class InjectedFault(RuntimeError):
 class FaultSpec:
     kind: str
     rank: int | None = None  # None: every rank
-    phase: str = "measure"  # "setup", "warmup" or "measure"
+    phase: str = "measure"  # "setup", "warmup", "measure" or "anatomy" (its start; step 0)
     step: int = 0
     ms: float = 0.0
     pct: float = 0.0

@@ -15,7 +15,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.records import RankFailure, RankResult
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
+ANATOMY_GRACE_S = 30.0  # for peers of a rank lost in the step anatomy to finish or fail
 
 
 class CaseFailedError(RuntimeError):
@@ -239,11 +240,14 @@ def run_case(
                 )
                 proc.start()
                 procs.append(proc)
-        _wait(spec, run_dir, procs, time.monotonic() + timeout_s, timeout_s, on_tick)
+        lost = _wait(spec, run_dir, procs, time.monotonic() + timeout_s, timeout_s, on_tick)
     finally:
         # also on KeyboardInterrupt: Ctrl-C during a case leaves no rank behind
         reap(procs)
-    return _collect(spec, run_dir)
+    return [
+        replace(r, anatomy={}, anatomy_lost=lost[r.rank]) if r.rank in lost else r
+        for r in _collect(spec, run_dir)
+    ]
 
 
 def _wait(
@@ -253,15 +257,22 @@ def _wait(
     deadline: float,
     timeout_s: float,
     on_tick: Callable[[], None],
-) -> None:
+) -> dict[int, str]:
+    """Wait for every rank; raise for a failed case. Returns the ranks lost in the step
+    anatomy after their measured result was written (rank -> how), which do not fail it."""
     pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+    lost: dict[int, str] = {}
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            activity = "\n".join(
-                f"  rank {rank}: {_read_status(run_dir, rank)}" for rank in sorted(pending.values())
-            )
             hung = sorted(pending.values())
+            if all(_in_anatomy_with_result(run_dir, rank) for rank in hung):
+                # stuck in the anatomy (or waiting there on a lost peer in a collective): the
+                # measured results are written; reap() stops these ranks
+                for rank in hung:
+                    lost[rank] = f"rank {rank} did not finish the step anatomy in time and was stopped"
+                return lost
+            activity = "\n".join(f"  rank {rank}: {_read_status(run_dir, rank)}" for rank in hung)
             raise CaseFailedError(
                 spec.case_id,
                 hung[0] if len(hung) == 1 else None,
@@ -274,13 +285,21 @@ def _wait(
         on_tick()  # e.g. GPU readings while the ranks run; must not block
         observed = [_exit_of(procs, pending.pop(s), run_dir, seen_at) for s in ready if isinstance(s, int)]
         exits = [e for e in observed if e is not None]
+        for gone in [e for e in exits if _in_anatomy_with_result(run_dir, e.rank)]:
+            exits.remove(gone)
+            how = f"exited with code {gone.exitcode}"
+            if gone.exitcode < 0:
+                how = f"killed by {_signal_name(gone.exitcode)}"
+            lost[gone.rank] = f"rank {gone.rank} {how} during the step anatomy"
+            # its peers fail in their next collective and finish within moments
+            deadline = min(deadline, time.monotonic() + ANATOMY_GRACE_S)
         if exits:
             # peers of a dead rank fail within moments; let them write so the cause is known
             for proc in procs:
                 if proc.is_alive():
                     proc.join(timeout=0.5)
             later = time.monotonic()
-            known = {e.rank for e in exits}
+            known = {e.rank for e in exits} | set(lost)
             exits += [
                 e
                 for rank in range(len(procs))
@@ -288,6 +307,15 @@ def _wait(
                 and (e := _exit_of(procs, rank, run_dir, later)) is not None
             ]  # fmt: skip
             raise _explain_exit(spec, run_dir, exits)
+    return lost
+
+
+def _in_anatomy_with_result(run_dir: Path, rank: int) -> bool:
+    """The rank stopped in the step anatomy, its measured steps already written."""
+    return (
+        _read_status(run_dir, rank).startswith(worker.ANATOMY_PHASE)
+        and worker.result_path(run_dir, rank).exists()
+    )
 
 
 def _exit_of(procs: list[BaseProcess], rank: int, run_dir: Path, seen_at: float) -> _Exit | None:

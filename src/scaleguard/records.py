@@ -269,6 +269,7 @@ class RankResult:
     measure_end_unix: float = 0.0  # filtered to this window
     phase_unix: dict[str, float] = field(default_factory=dict)  # when each rank phase began
     anatomy: dict[str, Any] = field(default_factory=dict)  # anatomy.Anatomy, read by RunRecord
+    anatomy_lost: str = ""  # why this rank has no anatomy though one was asked for
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -293,6 +294,7 @@ class RankResult:
             measure_end_unix=float(f.number("measure_end_unix", optional=True) or 0.0),
             phase_unix={str(k): float(v) for k, v in f.raw_dict("phase_unix", optional=True).items()},
             anatomy=f.raw_dict("anatomy", optional=True),
+            anatomy_lost=f.text("anatomy_lost", optional=True) or "",
         )
 
 
@@ -361,6 +363,9 @@ class RunResult:
             notes.append(
                 f"warmup reached its cap of {spec.settings.warmup_max} steps before the step time settled"
             )
+        lost = [r.anatomy_lost for r in ranks if r.anatomy_lost]
+        if lost:
+            notes.append("step anatomy lost (the measured steps stand): " + "; ".join(lost))
         return cls(
             spec=spec,
             step_s=step_s,
@@ -374,7 +379,7 @@ class RunResult:
             runtime=ranks[0].runtime,
             settings=ranks[0].settings,
             notes=tuple(notes),
-            anatomy=ranks[0].anatomy,
+            anatomy={} if lost else ranks[0].anatomy,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, sy
 from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
 
 _PR_SET_PDEATHSIG = 1
+ANATOMY_PHASE = "step anatomy"  # the status while it runs: the parent reads it (launcher)
 
 
 def result_path(run_dir: Path, rank: int) -> Path:
@@ -271,12 +273,37 @@ def _anatomy(
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    else:
-        # a CUDA build of torch on a machine without a GPU: Kineto's device probe would print
-        # "gpuGetDeviceCount failed" and trace markers into every CPU run's output
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     trace = run_dir / "trace.rank0.json" if rank == 0 else None
     return anatomy.measure(phased, spec.settings.profile_steps, activities, trace).to_dict()
+
+
+def _with_anatomy(
+    result: RankResult,
+    spec: CaseSpec,
+    phased: PhasedStep | None,
+    device: torch.device,
+    rank: int,
+    run_dir: Path,
+    status: _Status,
+    fault: FaultSpec | None,
+) -> RankResult:
+    """The measured result with the step anatomy added. The anatomy is a diagnosis of steps
+    already measured: a failure in it costs the anatomy, never the run. So the measured result
+    is written first, marked lost; a rank that dies in the anatomy (the profiler is native code
+    beside gloo's threads) leaves that file, and the parent keeps the run (``launcher``)."""
+    if phased is None or spec.settings.profile_steps <= 0:
+        return result
+    status.set(ANATOMY_PHASE)
+    provisional = replace(
+        result, phase_unix=dict(status.stamps), anatomy_lost=f"rank {rank} stopped during the step anatomy"
+    )
+    atomic_write_json(result_path(run_dir, rank), provisional.to_dict())
+    try:
+        if fault is not None and fault.applies(rank, "anatomy", 0):
+            fault.fire(device)
+        return replace(result, anatomy=_anatomy(spec, phased, device, rank, run_dir))
+    except Exception as exc:  # noqa: BLE001 - any failure here is the diagnosis's, not the run's
+        return replace(result, anatomy_lost=f"rank {rank}: {type(exc).__name__}: {exc}"[:500])
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
@@ -317,6 +344,12 @@ def rank_main(
         fault = FaultSpec.from_env()
         settings = _apply_settings(spec)
         device = _device_for(spec, local_rank)
+        if device.type != "cuda":
+            # a CUDA build of torch on a machine without a GPU: Kineto's device probe would print
+            # "gpuGetDeviceCount failed" and trace markers into every CPU run's output. Set
+            # here, before gloo or the profiler start threads: setenv beside a thread reading
+            # the environment is undefined behaviour in glibc
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         if spec.is_distributed:
             status.set("init_process_group")
             if parent_pid > 0 and sys.platform.startswith("linux"):
@@ -376,9 +409,6 @@ def rank_main(
             before_step=before_step,
         )
         peak, mem_kind = _peak_memory(device)  # of the measured steps: before the anatomy's
-        status.set("step anatomy")
-        step_anatomy = _anatomy(spec, phased, device, rank, run_dir)
-        status.set("writing result")
         result = RankResult(
             case_id=spec.case_id,
             rank=rank,
@@ -394,9 +424,18 @@ def rank_main(
             measure_start_unix=measured.start_unix,
             measure_end_unix=measured.end_unix,
             phase_unix=dict(status.stamps),
-            anatomy=step_anatomy,
         )
+        result = _with_anatomy(result, spec, phased, device, rank, run_dir, status, fault)
+        status.set("writing result")
+        result = replace(result, phase_unix=dict(status.stamps))
         atomic_write_json(result_path(run_dir, rank), result.to_dict())
+        if result.anatomy_lost and spec.is_distributed and case_out is None:
+            # a peer died in the anatomy: tearing down a process group with a dead peer can
+            # block, and this rank's result is written
+            status.set("done")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if case_out is not None:
             status.set("gathering results on rank 0")
             _write_case(spec, result, Path(case_out), run_id)
