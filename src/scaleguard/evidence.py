@@ -68,6 +68,7 @@ class RunRecord:
     wall_s: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall time went
     anatomy: Anatomy | None = None  # where a step's time went (scaleguard.anatomy)
+    process_runs_before: int = 0  # runs its processes made before it (0: fresh processes)
 
     @property
     def median_s(self) -> float:
@@ -100,6 +101,7 @@ class RunRecord:
                 if result.anatomy
                 else None
             ),
+            process_runs_before=result.process_runs_before,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,6 +140,7 @@ class RunRecord:
                 if isinstance(data, dict) and data.get("anatomy") is not None
                 else None
             ),
+            process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
         )
 
 

@@ -8,8 +8,9 @@ non-finite), ``oom`` (a real out-of-memory on CUDA, a simulated one on CPU), ``c
 and ``slow`` (a compute regression: each step made ``pct`` percent longer on CPU by busy work,
 or ``ms`` longer on CUDA by a device-side spin queued after the step; with ``at=backward``,
 ``ms`` of busy work or GPU spin inside the backward pass, on either device).
-The variable is read only inside ranks; nothing is injected unless it is set. The worker knows
-three seams only: ``fire`` (at a phase and step), ``instrument_model`` and ``wrap_step``.
+The parent reads the variable when it hands a run to its ranks; nothing is injected unless it
+is set. The worker knows three seams only: ``fire`` (at a phase and step), ``instrument_model``
+and ``wrap_step``.
 """
 
 from __future__ import annotations
@@ -66,11 +67,6 @@ class FaultSpec:
             pct=float(values.get("pct", 0.0)),
             at=_choice(values.get("at", "step"), ("step", "backward"), "at"),
         )
-
-    @classmethod
-    def from_env(cls) -> FaultSpec | None:
-        text = os.environ.get(FAULT_ENV, "").strip()
-        return cls.parse(text) if text else None
 
     def applies(self, rank: int, phase: str, step: int) -> bool:
         return (self.rank is None or self.rank == rank) and self.phase == phase and self.step == step
@@ -164,6 +160,12 @@ class FaultSpec:
                 free, _ = torch.cuda.mem_get_info(device)
                 torch.empty(free * 2, dtype=torch.uint8, device=device)  # a real CUDA OOM
             raise torch.OutOfMemoryError(f"injected: CPU out of memory (simulated, {FAULT_ENV}={self})")
+
+
+def requested() -> str:
+    """The fault asked for now: the parent hands it to the ranks with each run (pooled ranks
+    started before it was set)."""
+    return os.environ.get(FAULT_ENV, "").strip()
 
 
 def _choice(value: str, allowed: tuple[str, ...], key: str) -> str:

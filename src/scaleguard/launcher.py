@@ -13,6 +13,7 @@ import multiprocessing.connection
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from scaleguard import worker
+from scaleguard import faults, worker
 from scaleguard.case import CaseSpec
 from scaleguard.records import RankFailure, RankResult
 
@@ -85,7 +86,7 @@ def reap(procs: list[BaseProcess], grace_s: float = GRACE_S) -> None:
 
 
 def _read_failure(run_dir: Path, rank: int) -> RankFailure | None:
-    path = worker.error_path(run_dir, rank)
+    path = Path(worker.RankFiles.in_dir(run_dir, rank).error)
     try:
         return RankFailure.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
@@ -94,7 +95,7 @@ def _read_failure(run_dir: Path, rank: int) -> RankFailure | None:
 
 def _read_status(run_dir: Path, rank: int) -> str:
     try:
-        return worker.status_path(run_dir, rank).read_text(encoding="utf-8").strip()
+        return Path(worker.RankFiles.in_dir(run_dir, rank).status).read_text(encoding="utf-8").strip()
     except OSError:
         return "not started (no status written: still importing torch?)"
 
@@ -152,7 +153,7 @@ def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFail
             spec.case_id,
             first.rank,
             f"missing result for rank {first.rank}: the process exited 0 without writing "
-            f"{worker.result_path(run_dir, first.rank).name} (last activity: "
+            f"{Path(worker.RankFiles.in_dir(run_dir, first.rank).result).name} (last activity: "
             f"'{_read_status(run_dir, first.rank)}')",
             tail.strip(),
         )
@@ -210,14 +211,154 @@ def _started_as(interpreter: Interpreter | None) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@dataclass(frozen=True)
+class PoolKey:
+    """What a set of rank processes is fixed to: cases that agree on it can share one."""
+
+    device: str
+    nprocs: int
+    threads_per_rank: int  # torch's inter-op pool is sized once per process
+    interpreter: Interpreter | None
+
+    @classmethod
+    def of(cls, spec: CaseSpec, interpreter: Interpreter | None) -> PoolKey:
+        return cls(spec.device, spec.nprocs, spec.settings.threads_per_rank, interpreter)
+
+
+class RankPool:
+    """Rank processes that run cases one after another (``worker.serve``): process start,
+    imports and process-group init are paid once, not per case. Each case still builds its
+    model, batches, optimizer and settings fresh, and its peak memory is its own.
+
+    A pool never runs one case twice (repeats and confirm runs are independent evidence, so
+    they get fresh processes), and any failure, timeout or lost rank ends it: ``close`` reaps
+    its processes by group (SIGTERM, grace, SIGKILL), and the next case gets a fresh pool.
+    """
+
+    def __init__(self, key: PoolKey, home: Path) -> None:
+        self.key = key
+        self.served: set[str] = set()
+        self.runs = 0
+        home.mkdir(parents=True, exist_ok=True)
+        store_path = str((home / "rendezvous.store").resolve())
+        ctx = multiprocessing.get_context("spawn")
+        self.procs: list[BaseProcess] = []
+        self.conns: list[multiprocessing.connection.Connection] = []
+        try:
+            with _started_as(key.interpreter):
+                for rank in range(key.nprocs):
+                    mine, theirs = ctx.Pipe()
+                    member = worker.Membership(rank, key.nprocs, rank, store_path)
+                    proc = ctx.Process(
+                        target=worker.serve,
+                        args=(member, os.getpid(), theirs),
+                        name=f"scaleguard-{key.device}-n{key.nprocs}-rank{rank}",
+                        daemon=False,
+                    )
+                    proc.start()
+                    theirs.close()  # the child holds its end: EOF here when it dies
+                    self.procs.append(proc)
+                    self.conns.append(mine)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    def can_run(self, spec: CaseSpec, interpreter: Interpreter | None) -> bool:
+        return self.alive and spec.case_id not in self.served and PoolKey.of(spec, interpreter) == self.key
+
+    def run(
+        self, spec: CaseSpec, run_dir: Path, timeout_s: float, on_tick: Callable[[], None] = lambda: None
+    ) -> list[RankResult]:
+        """One run of ``spec`` in this pool's processes.
+
+        Raises:
+            CaseFailedError: a rank raised, died, hung past ``timeout_s``, or left no result;
+                the pool is closed then.
+        """
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.served.add(spec.case_id)
+        job = worker.Job(
+            spec=spec,
+            files=tuple(worker.RankFiles.in_dir(run_dir, rank) for rank in range(self.key.nprocs)),
+            fault=faults.requested(),
+            index=self.runs,
+        )
+        self.runs += 1
+        try:
+            for conn in self.conns:
+                conn.send(job)
+            lost = _wait(spec, run_dir, self.procs, self.conns, job.index, timeout_s, on_tick)
+            results = _collect(spec, run_dir)
+        except BaseException:
+            self.close()  # also on KeyboardInterrupt: Ctrl-C during a case leaves no rank behind
+            raise
+        if lost or not self.alive:
+            self.close()  # a rank is gone or stuck: the process group is no longer whole
+        return [replace(r, anatomy={}, anatomy_lost=lost[r.rank]) if r.rank in lost else r for r in results]
+
+    def close(self) -> None:
+        """Ask the ranks to leave, then reap them (SIGTERM, grace, SIGKILL) whatever they do."""
+        for conn in self.conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+        deadline = time.monotonic() + GRACE_S
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        reap(self.procs)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+
+
+class Pools:
+    """The session's rank pool (one at a time: idle ranks of another world size would hold
+    memory and a CUDA context each). ``isolate``: every run gets fresh processes."""
+
+    def __init__(self, home: Path, isolate: bool = False) -> None:
+        self.home = home
+        self.isolate = isolate or not sys.platform.startswith("linux")  # peak RSS resets via procfs
+        self._pool: RankPool | None = None
+        self._started = 0
+
+    def run(
+        self,
+        spec: CaseSpec,
+        run_dir: Path,
+        timeout_s: float,
+        on_tick: Callable[[], None] = lambda: None,
+        interpreter: Interpreter | None = None,
+    ) -> list[RankResult]:
+        if self._pool is None or not self._pool.can_run(spec, interpreter):
+            self.close()
+            self._started += 1
+            self._pool = RankPool(PoolKey.of(spec, interpreter), self.home / f"pool{self._started}")
+        pool = self._pool
+        try:
+            return pool.run(spec, run_dir, timeout_s, on_tick)
+        finally:
+            if self.isolate or not pool.alive:
+                self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
 def run_case(
     spec: CaseSpec,
     run_dir: Path,
     timeout_s: float,
     on_tick: Callable[[], None] = lambda: None,
     interpreter: Interpreter | None = None,
+    pools: Pools | None = None,
 ) -> list[RankResult]:
-    """Run one case to completion or failure; no process outlives this call.
+    """Run one case to completion or failure: in ``pools`` (processes reused across cases),
+    or in fresh processes that end with the call. No process outlives the pool that ran it.
 
     Args:
         interpreter: run the ranks with another Python (None: this one).
@@ -225,50 +366,37 @@ def run_case(
     Raises:
         CaseFailedError: a rank raised, died, hung past ``timeout_s``, or left no result.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    store_path = str((run_dir / "rendezvous.store").resolve())
-    ctx = multiprocessing.get_context("spawn")
-    procs: list[BaseProcess] = []
+    if pools is not None:
+        return pools.run(spec, run_dir, timeout_s, on_tick, interpreter)
+    once = Pools(run_dir / "pool", isolate=True)
     try:
-        with _started_as(interpreter):
-            for rank in range(spec.nprocs):
-                proc = ctx.Process(
-                    target=worker.rank_main,
-                    args=(rank, spec, store_path, str(run_dir), os.getpid()),
-                    name=f"scaleguard-{spec.case_id}-rank{rank}",
-                    daemon=False,
-                )
-                proc.start()
-                procs.append(proc)
-        lost = _wait(spec, run_dir, procs, time.monotonic() + timeout_s, timeout_s, on_tick)
+        return once.run(spec, run_dir, timeout_s, on_tick, interpreter)
     finally:
-        # also on KeyboardInterrupt: Ctrl-C during a case leaves no rank behind
-        reap(procs)
-    return [
-        replace(r, anatomy={}, anatomy_lost=lost[r.rank]) if r.rank in lost else r
-        for r in _collect(spec, run_dir)
-    ]
+        once.close()
 
 
 def _wait(
     spec: CaseSpec,
     run_dir: Path,
     procs: list[BaseProcess],
-    deadline: float,
+    conns: list[multiprocessing.connection.Connection],
+    job_index: int,
     timeout_s: float,
     on_tick: Callable[[], None],
 ) -> dict[int, str]:
-    """Wait for every rank; raise for a failed case. Returns the ranks lost in the step
-    anatomy after their measured result was written (rank -> how), which do not fail it."""
-    pending = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+    """Wait until every rank answered the job or exited; raise for a failed case. Returns the
+    ranks lost in the step anatomy after their measured result was written (rank -> how),
+    which do not fail it."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(range(len(procs)))
     lost: dict[int, str] = {}
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            hung = sorted(pending.values())
+            hung = sorted(pending)
             if all(_in_anatomy_with_result(run_dir, rank) for rank in hung):
                 # stuck in the anatomy (or waiting there on a lost peer in a collective): the
-                # measured results are written; reap() stops these ranks
+                # measured results are written; the pool is closed, which stops these ranks
                 for rank in hung:
                     lost[rank] = f"rank {rank} did not finish the step anatomy in time and was stopped"
                 return lost
@@ -280,10 +408,17 @@ def _wait(
                 f"and were killed. Last known activity:",
                 activity,
             )
-        ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, 1.0))
+        waitables: list[Any] = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
+        ready = multiprocessing.connection.wait(waitables, timeout=min(remaining, 1.0))
         seen_at = time.monotonic()  # the parent's own clock: when it saw each exit
         on_tick()  # e.g. GPU readings while the ranks run; must not block
-        observed = [_exit_of(procs, pending.pop(s), run_dir, seen_at) for s in ready if isinstance(s, int)]
+        for rank in sorted(pending):
+            if conns[rank] in ready and _answered(conns[rank], job_index):
+                pending.discard(rank)
+        exited = [r for r in sorted(pending) if procs[r].sentinel in ready]
+        for rank in exited:
+            pending.discard(rank)
+        observed = [_exit_of(procs, rank, run_dir, seen_at) for rank in exited]
         exits = [e for e in observed if e is not None]
         for gone in [e for e in exits if _in_anatomy_with_result(run_dir, e.rank)]:
             exits.remove(gone)
@@ -310,11 +445,19 @@ def _wait(
     return lost
 
 
+def _answered(conn: multiprocessing.connection.Connection, job_index: int) -> bool:
+    """The rank finished this job (its result written); False when its pipe closed (it exited)."""
+    try:
+        return bool(conn.recv() == job_index)
+    except (EOFError, OSError):
+        return False
+
+
 def _in_anatomy_with_result(run_dir: Path, rank: int) -> bool:
     """The rank stopped in the step anatomy, its measured steps already written."""
     return (
         _read_status(run_dir, rank).startswith(worker.ANATOMY_PHASE)
-        and worker.result_path(run_dir, rank).exists()
+        and Path(worker.RankFiles.in_dir(run_dir, rank).result).exists()
     )
 
 
@@ -323,7 +466,7 @@ def _exit_of(procs: list[BaseProcess], rank: int, run_dir: Path, seen_at: float)
     procs[rank].join(timeout=1.0)
     code = procs[rank].exitcode
     code = -1 if code is None else code
-    if code == 0 and worker.result_path(run_dir, rank).exists():
+    if code == 0 and Path(worker.RankFiles.in_dir(run_dir, rank).result).exists():
         return None
     return _Exit(rank, code, seen_at)
 
@@ -331,7 +474,7 @@ def _exit_of(procs: list[BaseProcess], rank: int, run_dir: Path, seen_at: float)
 def _collect(spec: CaseSpec, run_dir: Path) -> list[RankResult]:
     results = []
     for rank in range(spec.nprocs):
-        path = worker.result_path(run_dir, rank)
+        path = Path(worker.RankFiles.in_dir(run_dir, rank).result)
         if not path.exists():
             raise CaseFailedError(
                 spec.case_id,

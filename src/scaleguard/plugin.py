@@ -112,6 +112,7 @@ class PerfState:
     _baselines: Any = None
     session: Any = None  # scaleguard.session.PerfSession, made by the first perf case
     run_root: Path | None = None  # rank files of every run; removed at the end
+    pools: Any = None  # scaleguard.launcher.Pools: the rank processes cases share
     started: float = 0.0  # time.monotonic() at configure: the suite's wall time
     _ab_sides: Any = None
     _ab: Any = None  # scaleguard.ab.ABSession in a paired A/B session
@@ -386,13 +387,16 @@ class PerfState:
                 if limit is not None:
                     foreign_load.wait_quiet(limit, seconds)
 
+            from scaleguard.launcher import Pools
+
             self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+            self.pools = Pools(self.run_root / "pools", isolate=bool(self.flag("perf_isolate")))
             self.session = PerfSession(
                 Ledger(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}", self.baseline_context()),
                 self.run_root,
                 self.timeout_s(),
                 self.schedule(),
-                run=functools.partial(runner.run_once, foreign_limit_cores=limit),
+                run=functools.partial(runner.run_once, foreign_limit_cores=limit, pools=self.pools),
                 on_run=progress,
                 wait_quiet=wait_quiet,
             )
@@ -407,6 +411,11 @@ class PerfState:
             repeats=self.count("repeats", 1, lo=1, hi=100),
             confirm=self.count("confirm", Schedule.for_device(device).confirm, hi=100),
         )
+
+    def flag(self, dest: str) -> bool:
+        """A store_true option, or its ini twin."""
+        value = self.config.getoption(dest)
+        return bool(value if value is not None else self.config.getini(dest))
 
     def update_baselines(self) -> bool:
         flag = self.config.getoption("perf_update_baselines")
@@ -462,6 +471,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "judged like a quiet one)",
     )
     parser.addini("perf_no_load_check", "ini twin of --perf-no-load-check", type="bool", default=False)
+    group.addoption(
+        "--perf-isolate",
+        dest="perf_isolate",
+        action="store_true",
+        default=None,
+        help="fresh rank processes for every run (default: consecutive cases of one world size "
+        "share ranks; two runs of one case never do)",
+    )
+    parser.addini("perf_isolate", "ini twin of --perf-isolate", type="bool", default=False)
     for side in ("a", "b"):
         group.addoption(
             f"--perf-ab-env-{side}",
@@ -510,7 +528,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "and pytest-benchmark switches itself off"
         )
     params = []
-    for planned in state.planned():
+    # cases that can share rank processes run back to back (launcher.Pools): world sizes in
+    # ascending order, so a group's world-size-1 runs come before the runs scaled against them
+    for planned in sorted(state.planned(), key=lambda p: (p.spec.device, p.spec.nprocs)):
         reason = serial_reason or planned.skip_reason
         marks = [pytest.mark.perf] + ([pytest.mark.skip(reason=reason)] if reason else [])
         if metafunc.config.pluginmanager.hasplugin("timeout"):
@@ -563,6 +583,8 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
+    if state is not None and state.pools is not None:
+        state.pools.close()  # the idle pool's ranks, also after Ctrl-C between cases
     if state is not None and state.run_root is not None:
         import shutil
 

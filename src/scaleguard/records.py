@@ -270,6 +270,8 @@ class RankResult:
     phase_unix: dict[str, float] = field(default_factory=dict)  # when each rank phase began
     anatomy: dict[str, Any] = field(default_factory=dict)  # anatomy.Anatomy, read by RunRecord
     anatomy_lost: str = ""  # why this rank has no anatomy though one was asked for
+    pid: int = 0  # the rank's process: two runs of one case never share one (launcher)
+    process_runs_before: int = 0  # runs this process made before this one (0: fresh)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,6 +297,8 @@ class RankResult:
             phase_unix={str(k): float(v) for k, v in f.raw_dict("phase_unix", optional=True).items()},
             anatomy=f.raw_dict("anatomy", optional=True),
             anatomy_lost=f.text("anatomy_lost", optional=True) or "",
+            pid=int(f.integer("pid", optional=True) or 0),
+            process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
         )
 
 
@@ -351,6 +355,7 @@ class RunResult:
     phases_s: dict[str, float] = field(default_factory=dict)  # where the wall time went
     run_id: str = ""  # torchrun: ties the record to the job that wrote it
     anatomy: dict[str, Any] = field(default_factory=dict)  # rank 0's step anatomy, if measured
+    process_runs_before: int = 0  # runs its processes made before it (0: fresh; launcher pools)
     schema_version: int = SCHEMA_VERSION
 
     @classmethod
@@ -380,6 +385,7 @@ class RunResult:
             settings=ranks[0].settings,
             notes=tuple(notes),
             anatomy={} if lost else ranks[0].anatomy,
+            process_runs_before=max(r.process_runs_before for r in ranks),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -418,6 +424,7 @@ class RunResult:
                 phases_s={str(k): float(v) for k, v in f.raw_dict("phases_s", optional=True).items()},
                 run_id=f.text("run_id", optional=True) or "",
                 anatomy=f.raw_dict("anatomy", optional=True),
+                process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
             ),
         )
 

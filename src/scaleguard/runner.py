@@ -1,4 +1,4 @@
-"""One run of one case: launch a fresh set of ranks, watch the GPUs while they run, fold the
+"""One run of one case: hand it to a set of ranks that never ran it, watch the GPUs while they run, fold the
 ranks into a ``RunResult`` and say whether the machine let it be evidence."""
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ def run_once(
     timeout_s: float,
     foreign_limit_cores: float | None = None,
     interpreter: launcher.Interpreter | None = None,
+    pools: launcher.Pools | None = None,
 ) -> RunResult:
-    """Measure ``spec`` once in fresh processes.
+    """Measure ``spec`` once: in ``pools`` (processes that have not run this case), or in
+    fresh processes.
 
     Args:
         foreign_limit_cores: quarantine the run when processes not of this session used more
             CPU than this during the measured steps (or any used its GPUs); None: not checked.
         interpreter: the Python (and extra environment) of the ranks; None: this one.
+        pools: the session's rank pool; None: fresh processes for this run alone.
 
     Raises:
         launcher.CaseFailedError: a rank raised, died, hung or left no result.
@@ -39,7 +42,7 @@ def run_once(
             load.tick()
 
     started, started_unix = time.monotonic(), time.time()
-    ranks = launcher.run_case(spec, run_dir, timeout_s, tick, interpreter)
+    ranks = launcher.run_case(spec, run_dir, timeout_s, tick, interpreter, pools)
     wall_s = time.monotonic() - started
     rank0 = min(ranks, key=lambda r: r.rank)
     phases = phase_breakdown(rank0, started_unix, started_unix + wall_s, rank0.warmup_step_s)

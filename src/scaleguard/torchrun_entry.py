@@ -87,16 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
     if rank == 0:
         run_id = _start_marker(args.out, spec.case_id, run_id)
-    worker.rank_main(
-        rank,
-        spec,
-        None,
-        str(run_dir),
-        parent_pid=0,
-        local_rank=local_rank,
-        case_out=str(args.out),
-        run_id=run_id,
+    from scaleguard import faults
+
+    job = worker.Job(
+        spec, tuple(worker.RankFiles.in_dir(run_dir, r) for r in range(world)), faults.requested()
     )
+    worker.run_job(
+        job, worker.Membership(rank, world, local_rank, None), case_out=str(args.out), run_id=run_id
+    )
+    worker.finish()
     if rank == 0:
         _write_marker(args.out, spec.case_id, run_id, "done")
     return 0

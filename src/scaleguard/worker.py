@@ -1,8 +1,10 @@
 """Rank side: process group, device, speed settings, model wrapping, then the one timing loop.
 
-``rank_main`` is a top-level function so the spawn start method can pickle it. It reports only
-through files in ``run_dir`` (result, error, status), never through a pipe or queue, and it
-always destroys its process group.
+``serve`` (a rank of a ``launcher.RankPool``) and ``run_job`` (one run of one case; torchrun
+calls it directly) are top-level so the spawn start method can pickle them. A rank reports
+through the files the parent named for it (``RankFiles``: result, error, status); the pipe of
+a pool carries only the next job and "done", so a rank that dies or hangs never blocks the
+parent, which watches the process as well as the pipe, with a deadline.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gc
 import itertools
 import os
 import resource
@@ -18,7 +21,8 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +43,44 @@ _PR_SET_PDEATHSIG = 1
 ANATOMY_PHASE = "step anatomy"  # the status while it runs: the parent reads it (launcher)
 
 
-def result_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank{rank}.result.json"
+@dataclass(frozen=True)
+class RankFiles:
+    """Where one rank of one run writes; named by the parent (``launcher``), which reads them."""
+
+    status: str  # last known activity, for the parent's timeout message
+    result: str  # RankResult
+    error: str  # RankFailure
+    trace: str | None = None  # the anatomy's Chrome trace (rank 0)
+
+    @classmethod
+    def in_dir(cls, run_dir: Path, rank: int) -> RankFiles:
+        return cls(
+            status=str(run_dir / f"rank{rank}.status"),
+            result=str(run_dir / f"rank{rank}.result.json"),
+            error=str(run_dir / f"rank{rank}.error.json"),
+            trace=str(run_dir / "trace.rank0.json") if rank == 0 else None,
+        )
 
 
-def error_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank{rank}.error.json"
+@dataclass(frozen=True)
+class Job:
+    """One run of one case, as the parent hands it to every rank that runs it."""
+
+    spec: CaseSpec
+    files: tuple[RankFiles, ...]  # by rank
+    fault: str = ""  # SCALEGUARD_INJECT_FAULT as the parent saw it when it handed out the run
+    index: int = 0  # runs these processes made before this one (0: fresh processes)
 
 
-def status_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank{rank}.status"
+@dataclass(frozen=True)
+class Membership:
+    """Who this process is in its process group, and how it joins it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    store_path: str | None  # a pool's FileStore file (a plain path: no URI that spaces, ``%``
+    # or ``#`` could break); None: env:// under torchrun
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -66,8 +98,8 @@ def _die_with_parent(parent_pid: int) -> None:
 class _Status:
     """Last known activity of this rank, for the parent's timeout message."""
 
-    def __init__(self, run_dir: Path, rank: int) -> None:
-        self.path = status_path(run_dir, rank)
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
         self.phase = "start"
         self.stamps: dict[str, float] = {}  # when each phase began (unix): where start-up goes
 
@@ -265,7 +297,7 @@ def _build_step(
 
 
 def _anatomy(
-    spec: CaseSpec, phased: PhasedStep | None, device: torch.device, rank: int, run_dir: Path
+    spec: CaseSpec, phased: PhasedStep | None, device: torch.device, files: RankFiles
 ) -> dict[str, Any]:
     """The step anatomy after the measured steps (``--perf-profile-steps``; 0: none)."""
     if phased is None or spec.settings.profile_steps <= 0:
@@ -273,7 +305,7 @@ def _anatomy(
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    trace = run_dir / "trace.rank0.json" if rank == 0 else None
+    trace = Path(files.trace) if files.trace else None
     return anatomy.measure(phased, spec.settings.profile_steps, activities, trace).to_dict()
 
 
@@ -283,7 +315,7 @@ def _with_anatomy(
     phased: PhasedStep | None,
     device: torch.device,
     rank: int,
-    run_dir: Path,
+    files: RankFiles,
     status: _Status,
     fault: FaultSpec | None,
 ) -> RankResult:
@@ -297,121 +329,97 @@ def _with_anatomy(
     provisional = replace(
         result, phase_unix=dict(status.stamps), anatomy_lost=f"rank {rank} stopped during the step anatomy"
     )
-    atomic_write_json(result_path(run_dir, rank), provisional.to_dict())
+    atomic_write_json(Path(files.result), provisional.to_dict())
     try:
         if fault is not None and fault.applies(rank, "anatomy", 0):
             fault.fire(device)
-        return replace(result, anatomy=_anatomy(spec, phased, device, rank, run_dir))
+        return replace(result, anatomy=_anatomy(spec, phased, device, files))
     except Exception as exc:  # noqa: BLE001 - any failure here is the diagnosis's, not the run's
         return replace(result, anatomy_lost=f"rank {rank}: {type(exc).__name__}: {exc}"[:500])
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    """Peak memory is of this run's steps, even in a process that ran other cases before."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):  # Linux >= 4.0: "5" resets the peak resident set
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    # ru_maxrss is KiB on Linux: the process's peak resident set, model and batches included
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host_max_rss"
+    try:  # the peak resident set since _reset_peak_memory (KiB)
+        status = Path("/proc/self/status").read_text()
+        kib = int(status.split("VmHWM:", 1)[1].split()[0])
+    except (OSError, IndexError, ValueError):  # no procfs: the process's lifetime peak (KiB on Linux)
+        kib = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return kib * 1024, "host_max_rss"
 
 
-def rank_main(
-    rank: int,
-    spec: CaseSpec,
-    store_path: str | None,
-    run_dir_name: str,
-    parent_pid: int,
-    local_rank: int | None = None,
-    case_out: str | None = None,
-    run_id: str = "",
-) -> None:
-    """Entry point of one rank. Writes exactly one of result/error file, then exits.
+def serve(member: Membership, parent_pid: int, jobs: Connection) -> None:
+    """A rank of a pool (``launcher.RankPool``): runs the jobs the parent sends, one at a time,
+    and answers each with its index, until the parent sends None or goes away. The process
+    group is joined by the first distributed job and kept: later jobs skip process start,
+    imports and process-group init, and build everything else fresh. A failed job exits the
+    process (``run_job``): the parent then tears the whole pool down."""
+    _die_with_parent(parent_pid)
+    os.setpgid(0, 0)  # own group: the parent can kill this rank with its loader workers
+    while True:
+        try:
+            job = jobs.recv()
+        except (EOFError, OSError):
+            break  # the parent closed the pipe: nothing more to run
+        if job is None:
+            break
+        run_job(job, member)
+        jobs.send(job.index)
+        _release(job.spec)
+    finish()
+
+
+def finish() -> None:
+    """Leave the process group (after the last job)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: str = "") -> None:
+    """One run of one case in this rank. Writes the result file, or the error file and exits
+    the process at once (a process group whose peers are gone can block in teardown).
 
     Args:
-        store_path: the case's FileStore file (a plain path: no URI round trip that spaces,
-            ``%`` or ``#`` could break); None under torchrun, which rendezvouses through env://.
-        parent_pid: the scaleguard parent to die with; 0 under torchrun, whose agent reaps.
-        case_out: torchrun mode: rank 0 gathers every rank's result over the process group
-            (ranks may sit on other nodes) and writes the folded ``RunResult`` here.
-        run_id: torchrun mode: the job's id, written into the record for ``ingest``.
+        case_out: torchrun: rank 0 gathers every rank's result over the process group (ranks
+            may sit on other nodes) and writes the folded ``RunResult`` here.
+        run_id: torchrun: the job's id, written into the record for ``ingest``.
     """
-    run_dir = Path(run_dir_name)
-    local_rank = rank if local_rank is None else local_rank
-    if parent_pid > 0:
-        _die_with_parent(parent_pid)
-        os.setpgid(0, 0)  # own group: the parent can kill this rank with its loader workers
-    status = _Status(run_dir, rank)
+    spec, files = job.spec, job.files[member.rank]
+    status = _Status(files.status)
     try:
         status.set("configure")
-        fault = FaultSpec.from_env()
+        fault = FaultSpec.parse(job.fault) if job.fault else None
         settings = _apply_settings(spec)
-        device = _device_for(spec, local_rank)
+        device = _device_for(spec, member.local_rank)
         if device.type != "cuda":
             # a CUDA build of torch on a machine without a GPU: Kineto's device probe would print
             # "gpuGetDeviceCount failed" and trace markers into every CPU run's output. Set
             # here, before gloo or the profiler start threads: setenv beside a thread reading
             # the environment is undefined behaviour in glibc
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-        if spec.is_distributed:
+        if spec.is_distributed and not dist.is_initialized():
             status.set("init_process_group")
-            if parent_pid > 0 and sys.platform.startswith("linux"):
-                # single node: gloo's connections stay on loopback unless the user says otherwise
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            backend = "nccl" if spec.device == "cuda" else "gloo"
-            timeout = datetime.timedelta(seconds=120)
-            rendezvous: dict[str, Any] = (
-                {"init_method": "env://"}
-                if store_path is None
-                else {"store": dist.FileStore(store_path, spec.world_size)}  # type: ignore[attr-defined]
-            )
-            dist.init_process_group(
-                backend,
-                rank=rank,
-                world_size=spec.world_size,
-                timeout=timeout,
-                device_id=device if device.type == "cuda" else None,
-                **rendezvous,
-            )
+            _join(member, spec, device)
         status.set("build model and batches")
-        if fault is not None and fault.applies(rank, "setup", 0):
+        if fault is not None and fault.applies(member.rank, "setup", 0):
             fault.fire(device)
-        step, phased = _build_step(spec, device, rank, fault)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-        def before_step(phase: str, index: int) -> None:
-            if phase == "warmup":
-                status.set(f"warmup step {index}")
-            elif index == 0:
-                status.set(
-                    f"measuring {spec.settings.steps} steps (no per-step status, "
-                    "to keep the timed loop clean)"
-                )
-            if fault is not None and fault.applies(rank, phase, index):
-                fault.fire(device)
-
-        policy = timing.WarmupPolicy(
-            spec.settings.warmup_min, spec.settings.warmup_max, spec.settings.warmup_tolerance
-        )
-        clock: timing.StepClock = (
-            timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
-        )
-        sampling = timing.Sampling(
-            spec.settings.steps,
-            spec.settings.max_steps,
-            spec.settings.max_measure_s,
-            spec.settings.target_median_ci,
-        )
-        measured = timing.measure(
-            step,
-            clock,
-            policy,
-            sampling,
-            agree_max=_agree_max(spec, device),
-            before_step=before_step,
-        )
+        step, phased = _build_step(spec, device, member.rank, fault)
+        _reset_peak_memory(device)
+        measured = _measure(spec, step, device, member.rank, fault, status)
         peak, mem_kind = _peak_memory(device)  # of the measured steps: before the anatomy's
         result = RankResult(
             case_id=spec.case_id,
-            rank=rank,
+            rank=member.rank,
             step_s=measured.step_s,
             warmup_step_s=measured.warmup_step_s,
             steady=measured.steady,
@@ -424,14 +432,16 @@ def rank_main(
             measure_start_unix=measured.start_unix,
             measure_end_unix=measured.end_unix,
             phase_unix=dict(status.stamps),
+            pid=os.getpid(),
+            process_runs_before=job.index,
         )
-        result = _with_anatomy(result, spec, phased, device, rank, run_dir, status, fault)
+        result = _with_anatomy(result, spec, phased, device, member.rank, files, status, fault)
         status.set("writing result")
         result = replace(result, phase_unix=dict(status.stamps))
-        atomic_write_json(result_path(run_dir, rank), result.to_dict())
+        atomic_write_json(Path(files.result), result.to_dict())
         if result.anatomy_lost and spec.is_distributed and case_out is None:
-            # a peer died in the anatomy: tearing down a process group with a dead peer can
-            # block, and this rank's result is written
+            # a peer died in the anatomy: this process group is unusable and tearing it down
+            # can block; the result is written, and the parent retires the pool
             status.set("done")
             sys.stdout.flush()
             sys.stderr.flush()
@@ -443,27 +453,86 @@ def rank_main(
     except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl-C too, is reported
         failure = RankFailure(
             case_id=spec.case_id,
-            rank=rank,
+            rank=member.rank,
             phase=status.phase,
             exc_type=type(exc).__name__,
             message=str(exc),
             traceback=traceback.format_exc(),
             unix_time=time.time(),
         )
-        atomic_write_json(error_path(run_dir, rank), failure.to_dict())
-        sys.stderr.write(f"[scaleguard rank {rank}] {type(exc).__name__}: {exc}\n")
+        atomic_write_json(Path(files.error), failure.to_dict())
+        sys.stderr.write(f"[scaleguard rank {member.rank}] {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
-        # exit at once: unwinding a process group whose peers are gone can block in teardown
         os._exit(1)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+
+def _join(member: Membership, spec: CaseSpec, device: torch.device) -> None:
+    """Join the process group of ``member.world_size`` ranks (once per process)."""
+    if member.store_path is not None and sys.platform.startswith("linux"):
+        # single node: gloo's connections stay on loopback unless the user says otherwise
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    rendezvous: dict[str, Any] = (
+        {"init_method": "env://"}
+        if member.store_path is None
+        else {"store": dist.FileStore(member.store_path, member.world_size)}  # type: ignore[attr-defined]
+    )
+    dist.init_process_group(
+        "nccl" if spec.device == "cuda" else "gloo",
+        rank=member.rank,
+        world_size=member.world_size,
+        timeout=datetime.timedelta(seconds=120),
+        device_id=device if device.type == "cuda" else None,
+        **rendezvous,
+    )
+
+
+def _measure(
+    spec: CaseSpec,
+    step: Callable[[], torch.Tensor],
+    device: torch.device,
+    rank: int,
+    fault: FaultSpec | None,
+    status: _Status,
+) -> timing.MeasuredSteps:
+    def before_step(phase: str, index: int) -> None:
+        if phase == "warmup":
+            status.set(f"warmup step {index}")
+        elif index == 0:
+            status.set(
+                f"measuring {spec.settings.steps} steps (no per-step status, to keep the timed loop clean)"
+            )
+        if fault is not None and fault.applies(rank, phase, index):
+            fault.fire(device)
+
+    clock: timing.StepClock = timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
+    return timing.measure(
+        step,
+        clock,
+        timing.WarmupPolicy(
+            spec.settings.warmup_min, spec.settings.warmup_max, spec.settings.warmup_tolerance
+        ),
+        timing.Sampling(
+            spec.settings.steps,
+            spec.settings.max_steps,
+            spec.settings.max_measure_s,
+            spec.settings.target_median_ci,
+        ),
+        agree_max=_agree_max(spec, device),
+        before_step=before_step,
+    )
+
+
+def _release(spec: CaseSpec) -> None:
+    """Free what the last job built before the next one is measured in this process."""
+    if spec.mode == "compile":
+        torch._dynamo.reset()  # compiled graphs and guards of a model that is gone
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _write_case(spec: CaseSpec, mine: RankResult, out: Path, run_id: str) -> None:
     """Rank 0 writes the whole run (all ranks folded), for ``scaleguard ingest``."""
-    from dataclasses import replace
-
     from scaleguard.records import RunResult
 
     ranks = [mine.to_dict()]
