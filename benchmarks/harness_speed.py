@@ -63,7 +63,9 @@ def report(sessions: list[dict[str, Any]]) -> str:
         return ", ".join(f"{s['wall_s']:.0f}" for s in ss) + " s"
 
     def overhead(ss: list[dict[str, Any]], reused: bool | None = None) -> str:
-        values = [r["wall_s"] - r["measured_s"] for s in ss for r in s["runs"] if reused in (None, r["reused"])]
+        values = [
+            r["wall_s"] - r["measured_s"] for s in ss for r in s["runs"] if reused in (None, r["reused"])
+        ]
         if not values:
             return "-"
         return f"median {statistics.median(values):.2f} s (n={len(values)})"
@@ -95,11 +97,15 @@ def report(sessions: list[dict[str, Any]]) -> str:
     for s in sessions:
         for r in s["runs"]:
             medians.setdefault(r["case"], {}).setdefault(s["mode"], []).append(r["median_s"])
+
+    def log_mean(xs: list[float]) -> float:
+        return statistics.fmean(math.log(x) for x in xs)
+
     ratios = {
-        case: math.exp(statistics.fmean(math.log(x) for x in m["pooled"]) - statistics.fmean(math.log(x) for x in m["isolated"]))
+        case: math.exp(log_mean(m["pooled"]) - log_mean(m["isolated"]))
         for case, m in medians.items()
         if m.get("pooled") and m.get("isolated")
-    }  # fmt: skip
+    }
     lines.append("")
     if ratios:
         geo = math.exp(statistics.fmean(math.log(v) for v in ratios.values()))
@@ -113,7 +119,9 @@ def report(sessions: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pairs", type=int, default=2, help="A B B A blocks: sessions = 2 x pairs")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("extra", nargs="*", help="after --: extra pytest arguments")

@@ -528,9 +528,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "and pytest-benchmark switches itself off"
         )
     params = []
-    # cases that can share rank processes run back to back (launcher.Pools): world sizes in
-    # ascending order, so a group's world-size-1 runs come before the runs scaled against them
-    for planned in sorted(state.planned(), key=lambda p: (p.spec.device, p.spec.nprocs)):
+    # cases that can share rank processes run back to back (launcher.PoolKey: model and
+    # process count): per model, world sizes in ascending order, so a group's world-size-1
+    # runs still come before the runs scaled against them
+    planned_cases = state.planned()
+    model_order = {m: i for i, m in reversed(list(enumerate(p.spec.model for p in planned_cases)))}
+    for planned in sorted(planned_cases, key=lambda p: (model_order[p.spec.model], p.spec.nprocs)):
         reason = serial_reason or planned.skip_reason
         marks = [pytest.mark.perf] + ([pytest.mark.skip(reason=reason)] if reason else [])
         if metafunc.config.pluginmanager.hasplugin("timeout"):

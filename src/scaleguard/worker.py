@@ -529,6 +529,11 @@ def _release(spec: CaseSpec) -> None:
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    if sys.platform.startswith("linux"):
+        # glibc keeps freed heap pages resident: without this, the next case's peak RSS would
+        # carry this one's (measured: +8-10 % on the CPU transformer after a resnet18 case)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _write_case(spec: CaseSpec, mine: RankResult, out: Path, run_id: str) -> None:
