@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -162,10 +162,12 @@ class FaultSpec:
             raise torch.OutOfMemoryError(f"injected: CPU out of memory (simulated, {FAULT_ENV}={self})")
 
 
-def requested() -> str:
+def requested(side_env: Mapping[str, str] | None = None) -> str:
     """The fault asked for now: the parent hands it to the ranks with each run (pooled ranks
-    started before it was set)."""
-    return os.environ.get(FAULT_ENV, "").strip()
+    started before it was set). ``side_env``: the environment set for these ranks only (one
+    side of a paired A/B), which wins over the parent's."""
+    text = (side_env or {}).get(FAULT_ENV, os.environ.get(FAULT_ENV, ""))
+    return text.strip()
 
 
 def _choice(value: str, allowed: tuple[str, ...], key: str) -> str:

@@ -288,7 +288,7 @@ class RankPool:
         job = worker.Job(
             spec=spec,
             files=tuple(worker.RankFiles.in_dir(run_dir, rank) for rank in range(self.key.nprocs)),
-            fault=faults.requested(),
+            fault=faults.requested(dict(self.key.interpreter.env) if self.key.interpreter else None),
             index=self.runs,
         )
         self.runs += 1
