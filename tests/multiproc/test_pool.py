@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def pools(tmp_path: Path) -> Iterator[Pools]:
+def pools(tmp_path: Path, process_tag: str) -> Iterator[Pools]:
+    """Closed before ``process_tag`` checks that nothing is left (it is set up first)."""
     made = Pools(tmp_path / "pools")
     yield made
     made.close()
