@@ -241,8 +241,7 @@ class RankPool:
 
     def __init__(self, key: PoolKey, home: Path) -> None:
         self.key = key
-        self.served: set[str] = set()
-        self.runs = 0
+        self.served: set[str] = set()  # one run per case: its size is the runs made so far
         home.mkdir(parents=True, exist_ok=True)
         store_path = str((home / "rendezvous.store").resolve())
         ctx = multiprocessing.get_context("spawn")
@@ -284,14 +283,13 @@ class RankPool:
                 the pool is closed then.
         """
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.served.add(spec.case_id)
         job = worker.Job(
             spec=spec,
             files=tuple(worker.RankFiles.in_dir(run_dir, rank) for rank in range(self.key.nprocs)),
             fault=faults.requested(dict(self.key.interpreter.env) if self.key.interpreter else None),
-            index=self.runs,
+            index=len(self.served),
         )
-        self.runs += 1
+        self.served.add(spec.case_id)
         try:
             for conn in self.conns:
                 conn.send(job)

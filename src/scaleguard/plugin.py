@@ -260,8 +260,7 @@ class PerfState:
 
     def foreign_limit(self) -> float | None:
         """Cores of foreign load that disturb a run; None when the check is off."""
-        flag = self.config.getoption("perf_no_load_check")
-        if flag if flag is not None else self.config.getini("perf_no_load_check"):
+        if self.flag("perf_no_load_check"):
             return None
         text = self.option("foreign-load-limit")
         if text is None:
@@ -418,8 +417,7 @@ class PerfState:
         return bool(value if value is not None else self.config.getini(dest))
 
     def update_baselines(self) -> bool:
-        flag = self.config.getoption("perf_update_baselines")
-        return bool(flag if flag is not None else self.config.getini("perf_update_baselines"))
+        return self.flag("perf_update_baselines")
 
     def timeout_s(self) -> float:
         text = self.option("timeout")
@@ -437,6 +435,21 @@ class PerfState:
 
 STATE = pytest.StashKey[PerfState]()
 
+# on/off options (store_true, each with a bool ini twin): (name, help)
+_FLAGS = (
+    ("update-baselines", "merge this run's good cases into the baseline file"),
+    (
+        "no-load-check",
+        "do not watch for other processes' CPU/GPU load during runs (a busy machine is then "
+        "judged like a quiet one)",
+    ),
+    (
+        "isolate",
+        "fresh rank processes for every run (default: consecutive cases of one model and world "
+        "size share ranks; two runs of one case never do)",
+    ),
+)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("scaleguard", "scaleguard performance regression suite")
@@ -444,14 +457,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest = "perf_" + name.replace("-", "_")
         group.addoption(f"--perf-{name}", dest=dest, default=None, choices=choices, help=help_text)
         parser.addini(dest, f"{help_text} (ini twin of --perf-{name})", default=None)
-    group.addoption(
-        "--perf-update-baselines",
-        dest="perf_update_baselines",
-        action="store_true",
-        default=None,
-        help="merge this run's good cases into the baseline file",
-    )
-    parser.addini("perf_update_baselines", "ini twin of --perf-update-baselines", type="bool", default=False)
+    for name, help_text in _FLAGS:
+        dest = "perf_" + name.replace("-", "_")
+        group.addoption(f"--perf-{name}", dest=dest, action="store_true", default=None, help=help_text)
+        parser.addini(dest, f"ini twin of --perf-{name}", type="bool", default=False)
     group.addoption(
         "--perf-accept",
         dest="perf_accept",
@@ -462,24 +471,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(REGRESSED, INCONCLUSIVE), restarting their entry; needs --perf-accept-reason",
     )
     parser.addini("perf_accept", "ini twin of --perf-accept (one glob per line)", type="linelist", default=[])
-    group.addoption(
-        "--perf-no-load-check",
-        dest="perf_no_load_check",
-        action="store_true",
-        default=None,
-        help="do not watch for other processes' CPU/GPU load during runs (a busy machine is then "
-        "judged like a quiet one)",
-    )
-    parser.addini("perf_no_load_check", "ini twin of --perf-no-load-check", type="bool", default=False)
-    group.addoption(
-        "--perf-isolate",
-        dest="perf_isolate",
-        action="store_true",
-        default=None,
-        help="fresh rank processes for every run (default: consecutive cases of one world size "
-        "share ranks; two runs of one case never do)",
-    )
-    parser.addini("perf_isolate", "ini twin of --perf-isolate", type="bool", default=False)
     for side in ("a", "b"):
         group.addoption(
             f"--perf-ab-env-{side}",

@@ -1,10 +1,11 @@
 """The schedule of runs in one session: repeats interleaved across cases, confirm runs in
 blocks for a case that looks changed, and a paused re-measure for a quarantined run.
 
-Every run is a fresh set of rank processes (``runner.run_once``): two runs of one case never
-share a process. A quiet night costs one run per case; only a case that looks regressed,
-improved or undecided pays for confirm runs (as Chromium Pinpoint adds attempts until it can
-say DIFFERENT or SAME), and a case still undecided at the cap is INCONCLUSIVE, never REGRESSED.
+Two runs of one case never share a process (``launcher.Pools`` hands a case only to ranks that
+have not run it; other cases may have run there before, which each run records). A quiet
+night costs one run per case; only a case that looks regressed, improved or undecided pays for
+confirm runs (as Chromium Pinpoint adds attempts until it can say DIFFERENT or SAME), and a
+case still undecided at the cap is INCONCLUSIVE, never REGRESSED.
 """
 
 from __future__ import annotations
