@@ -23,6 +23,7 @@ from typing import Any
 from scaleguard.case import CaseSpec
 from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
 from scaleguard.stats import StepSummary, slowest_rank_steps
+from scaleguard.steady import WarmupPolicy
 
 MAX_FILE_BYTES = 64 * 2**20  # a baseline of 10 runs x 100 cases is ~10 MB
 MAX_SAMPLES = 100_000  # per-step samples in one run
@@ -365,8 +366,12 @@ class RunResult:
         summary = StepSummary.of(step_s)
         notes = []
         if not all(r.steady for r in ranks):
+            # every rank holds the same (agreed, slowest-rank) warmup steps: the parent can say
+            # which steadiness test the last one failed
+            why = WarmupPolicy.of(spec.settings).unsteady_because(ranks[0].warmup_step_s)
             notes.append(
-                f"warmup reached its cap of {spec.settings.warmup_max} steps before the step time settled"
+                f"warmup reached its cap of {spec.settings.warmup_max} steps before the step time "
+                f"settled ({why})"
             )
         lost = [r.anatomy_lost for r in ranks if r.anatomy_lost]
         if lost:

@@ -12,7 +12,6 @@ host synchronisation happens inside the measured steps.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,28 +19,11 @@ from typing import Protocol
 
 import torch
 
+from scaleguard.steady import WarmupPolicy
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite: the numbers of such a run are not a result."""
-
-
-@dataclass(frozen=True)
-class WarmupPolicy:
-    """Warm up at least ``min_steps``; then until the running median stops moving; at most
-    ``max_steps``."""
-
-    min_steps: int
-    max_steps: int
-    tolerance: float = 0.02
-    window: int = 5
-
-    def is_steady(self, step_s: list[float]) -> bool:
-        """True when the median of the last window is within tolerance of the window before."""
-        if len(step_s) < max(self.min_steps, 2 * self.window):
-            return False
-        last = statistics.median(step_s[-self.window :])
-        before = statistics.median(step_s[-2 * self.window : -self.window])
-        return abs(last - before) <= self.tolerance * before
 
 
 class StepClock(Protocol):

@@ -38,6 +38,7 @@ from scaleguard.env import cpu_model, runtime_versions
 from scaleguard.faults import FaultSpec
 from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, synthetic_batches
 from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
+from scaleguard.steady import WarmupPolicy
 
 _PR_SET_PDEATHSIG = 1
 ANATOMY_PHASE = "step anatomy"  # the status while it runs: the parent reads it (launcher)
@@ -508,9 +509,7 @@ def _measure(
     return timing.measure(
         step,
         clock,
-        timing.WarmupPolicy(
-            spec.settings.warmup_min, spec.settings.warmup_max, spec.settings.warmup_tolerance
-        ),
+        WarmupPolicy.of(spec.settings),
         timing.Sampling(
             spec.settings.steps,
             spec.settings.max_steps,

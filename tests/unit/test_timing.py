@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scaleguard.timing import MeasuredSteps, NonFiniteLossError, WarmupPolicy, measure
+from scaleguard.steady import WarmupPolicy
+from scaleguard.timing import MeasuredSteps, NonFiniteLossError, measure
 
 
 class ScriptedClock:
