@@ -16,8 +16,13 @@ case $phase in
       --perf-models resnet50 --perf-world-sizes 1 --perf-inputs synthetic -p no:cacheprovider
     python benchmarks/handwritten_resnet50.py --suite-json "$out/speed/pooled0.json" ;;
   full)
+    # the profiler's residue first (benchmarks/profiler_residue.py), with the worker's setting
+    TEARDOWN_CUPTI=1 python benchmarks/profiler_residue.py --precision bf16 2>&1 | grep -v -i warn
     start=$(date +%s)
-    python -m pytest perf/ -q -p no:cacheprovider --benchmark-save=full \
-      --benchmark-storage="file://$out/bench" --benchmark-json="$out/full.json" -rN 2>&1 | tail -40
-    echo "full session: rc=${PIPESTATUS[0]} $(( $(date +%s) - start )) s" ;;
+    # SIGINT at the limit: pytest stops, and the plugin closes its pools and writes what it has
+    timeout -s INT "${LIMIT:-540}" python -m pytest perf/ -v -p no:cacheprovider --benchmark-save=full \
+      --benchmark-storage="file://$out/bench" --benchmark-json="$out/full.json" -rN 2>&1 \
+      | while IFS= read -r line; do echo "$(( $(date +%s) - start )) $line"; done > "$out/full.log"
+    grep -E "PASSED|FAILED|ERROR|scaleguard:|passed|failed" "$out/full.log" | cut -c1-150 | tail -90
+    echo "full session: $(( $(date +%s) - start )) s" ;;
 esac

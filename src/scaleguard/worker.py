@@ -408,6 +408,13 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
             # here, before gloo or the profiler start threads: setenv beside a thread reading
             # the environment is undefined behaviour in glibc
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        else:
+            # Kineto leaves CUPTI attached after a profile unless told to tear it down, and an
+            # attached CUPTI taxes every kernel launch for the rest of the process: on the H200
+            # a launch-bound resnet50 bs-64 step went 22.5 -> 32-34 ms after one profiled step,
+            # and pooled cases after a case's step anatomy ran +24 % to +76 % slow. Measured
+            # steps must not pay for an earlier case's diagnosis (benchmarks/profiler_residue.py)
+            os.environ.setdefault("TEARDOWN_CUPTI", "1")
         if spec.is_distributed and not dist.is_initialized():
             status.set("init_process_group")
             _join(member, spec, device)
