@@ -25,7 +25,9 @@ def main() -> None:
     parser.add_argument("--head", type=int, default=8)
     parser.add_argument("--margin", type=float, default=0.03)
     args = parser.parse_args()
-    print("| file | runs | warmup steps (median, max) | cases with a capped warmup | head slower | head faster |")
+    print(
+        "| file | runs | warmup steps (median, max) | cases with a capped warmup | head slower | head faster |"
+    )
     print("|---|---|---|---|---|---|")
     for path in args.files:
         runs = capped = slower = faster = 0
@@ -39,7 +41,9 @@ def main() -> None:
                     continue
                 runs += 1
                 warmups.append(run.get("warmup_steps", 0))
-                change = statistics.median(steps[: args.head]) / statistics.median(steps[len(steps) // 2 :]) - 1
+                change = (
+                    statistics.median(steps[: args.head]) / statistics.median(steps[len(steps) // 2 :]) - 1
+                )
                 slower += change > args.margin
                 faster += change < -args.margin
         if runs:

@@ -15,7 +15,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+
+# scipy.stats is imported where it is used, not here: rank processes import this module (via
+# records) and never need it on CPU, and importing it costs ~1 s of every rank's start-up on a
+# 2-core machine (a third of its imports), paid again by every fresh-process confirm run.
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ def median_ci_halfwidth(samples: Sequence[float], confidence: float = 0.95) -> f
         return math.inf
     # j: smallest count with P(Bin(n, 1/2) <= j) >= alpha/2, so the j-th order statistic
     # (1-based) and its mirror cover the median with probability >= 1 - alpha
+    from scipy import stats as sps
+
     j = int(sps.binom.ppf((1 - confidence) / 2, n, 0.5))
     lo = max(j - 1, 0)
     hi = n - 1 - lo
@@ -151,6 +156,8 @@ def run_shift(
         spread, dist_df = max(measured, min_spread), float(df)
     se = spread * math.sqrt(1 / m + 1 / k)
     historical = float(np.std(y, ddof=1)) if k >= 2 else 0.0
+    from scipy import stats as sps
+
     law = sps.norm if math.isinf(dist_df) else sps.t(dist_df)
     t_stat = diff / se
     half = float(law.ppf(0.975)) * se

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
+import numpy.typing as npt
 
 from scaleguard.case import RunSettings
 
@@ -62,9 +62,9 @@ class WarmupPolicy:
                 f"the medians of the last two {w}-step windows differ by {l50 / b50 - 1:+.1%}, beyond "
                 f"{self.tolerance:.0%} and beyond each other's quartile range"
             )
-        slope, _, low, high = sps.theilslopes(tail)
         median = float(np.median(tail))
-        if (low > 0 or high < 0) and abs(slope) * (2 * w - 1) > self.tolerance * median:
+        slope = theil_sen_slope(tail)
+        if abs(slope) * (2 * w - 1) > self.tolerance * median and _significant(tail):
             return f"still drifting: {slope / median:+.2%} per step over the last {2 * w} steps (Theil-Sen)"
         if l75 - l50 > max(b75 - b50, 0.0) + allowed:
             return (
@@ -72,3 +72,20 @@ class WarmupPolicy:
                 f"{l75 / l50 - 1:.1%} above their median"
             )
         return None
+
+
+def theil_sen_slope(y: npt.ArrayLike) -> float:
+    """The Theil-Sen slope of ``y`` against its index: the median of all pairwise slopes (what
+    ``scipy.stats.theilslopes`` returns as its estimate; tests hold the two equal)."""
+    values = np.asarray(y, dtype=float)
+    i, j = np.triu_indices(values.size, k=1)
+    return float(np.median((values[j] - values[i]) / (j - i)))
+
+
+def _significant(y: npt.ArrayLike) -> bool:
+    """Whether the slope's 95 % interval (Sen's, from scipy) excludes 0. Asked only once a
+    slope is material, so a rank whose warmup settles never imports scipy.stats (~1 s)."""
+    from scipy import stats as sps
+
+    _, _, low, high = sps.theilslopes(y)
+    return bool(low > 0 or high < 0)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from scaleguard.records import RankResult, RunResult
-from scaleguard.steady import WarmupPolicy
+from scaleguard.steady import WarmupPolicy, theil_sen_slope
 from tests.conftest import tiny_spec
 
 POLICY = WarmupPolicy(min_steps=3, max_steps=60, tolerance=0.03, window=6)
@@ -44,7 +44,7 @@ def test_a_level_shift_beyond_the_spread_is_not_steady() -> None:
 
 def test_slow_steps_that_start_recurring_hold_warmup_back() -> None:
     flat = [1.0] * 6
-    why = POLICY.unsteady_because(flat + [1.0, 1.5, 1.0, 1.0, 1.5, 1.0])
+    why = POLICY.unsteady_because([*flat, 1.0, 1.5, 1.0, 1.0, 1.5, 1.0])
     assert why is not None and why.startswith("recurring slow steps")
     # the same pattern in both windows is the steady state (it will be in the measured steps)
     periodic = [1.0, 1.5, 1.0] * 4
@@ -81,7 +81,7 @@ def test_a_run_whose_warmup_hit_its_cap_says_which_test_failed() -> None:
             device_name="cpu",
             runtime={"torch": "2.x"},
             settings={},
-        )  # fmt: skip
+        )
     ]
     run = RunResult.from_ranks(spec, ranks)
     assert not run.steady
@@ -94,3 +94,13 @@ def test_a_run_whose_warmup_hit_its_cap_says_which_test_failed() -> None:
 @pytest.mark.parametrize("steps", [[], [1.0] * 11])
 def test_too_few_steps_are_never_steady(steps: list[float]) -> None:
     assert not POLICY.is_steady(steps)
+
+
+def test_the_slope_is_scipys_theil_sen_estimate() -> None:
+    import numpy as np
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        y = rng.lognormal(0, 0.1, 12) * np.linspace(1.2, 1.0, 12)
+        assert theil_sen_slope(y) == pytest.approx(stats.theilslopes(y)[0], rel=1e-12)
