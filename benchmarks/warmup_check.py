@@ -25,9 +25,7 @@ def main() -> None:
     parser.add_argument("--head", type=int, default=8)
     parser.add_argument("--margin", type=float, default=0.03)
     args = parser.parse_args()
-    print(
-        "| file | runs | warmup steps (median, max) | cases with a capped warmup | head slower | head faster |"
-    )
+    print("| file | runs | warmup steps (median, max) | capped (cases) | head slower | head faster |")
     print("|---|---|---|---|---|---|")
     for path in args.files:
         runs = capped = slower = faster = 0
