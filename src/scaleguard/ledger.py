@@ -102,15 +102,28 @@ class Ledger:
     def fail(self, case_id: str, reason: str) -> None:
         self.failures[case_id] = reason
 
+    def anchor(self, spec: CaseSpec) -> CaseSpec | None:
+        """The world-size-1 case of ``spec``'s group measured in this session (its speedup's
+        reference), or None (``spec`` is that case, or its group's ws1 was not measured)."""
+        if spec.world_size == 1:
+            return None
+        case_id = self._ws1_case(spec.group_id)
+        return None if case_id is None else self.specs[case_id]
+
     def ws1_samples_per_s(self, group_id: str) -> float | None:
         """The world-size-1 reference of a group: geometric mean of samples/s over the
         evidence runs of its ws1 case in this session. The one place speedup is anchored."""
-        for case_id, spec in self.specs.items():
-            if spec.group_id == group_id and spec.world_size == 1:
-                rates = [r.samples_per_s for r in self.records[case_id] if r.quarantine is None]
-                rates = rates or [r.samples_per_s for r in self.records[case_id]]
-                return float(math.exp(np.mean(np.log(rates))))
-        return None
+        case_id = self._ws1_case(group_id)
+        if case_id is None:
+            return None
+        rates = [r.samples_per_s for r in self.records[case_id] if r.quarantine is None]
+        rates = rates or [r.samples_per_s for r in self.records[case_id]]
+        return float(math.exp(np.mean(np.log(rates))))
+
+    def _ws1_case(self, group_id: str) -> str | None:
+        return next(
+            (cid for cid, s in self.specs.items() if s.group_id == group_id and s.world_size == 1), None
+        )
 
     def evidence(self, case_id: str) -> CaseEvidence:
         """This session's runs of ``case_id``, with speedup and efficiency per run."""
@@ -142,14 +155,8 @@ class Ledger:
         if ctx is None:
             return None
         spec = self.specs[case_id]
-        ws1 = next(
-            (
-                v.status
-                for cid, v in self.verdicts.items()
-                if self.specs[cid].group_id == spec.group_id and self.specs[cid].world_size == 1
-            ),
-            None,
-        )
+        ws1_case = self._ws1_case(spec.group_id)
+        ws1 = self.verdicts[ws1_case].status if ws1_case in self.verdicts else None
         verdict = decide(
             self.evidence(case_id),
             ctx.entry(case_id),

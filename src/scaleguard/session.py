@@ -116,13 +116,30 @@ class PerfSession:
         extra = 0
         while verdict is not None and self._unsettled(verdict, extra) and extra < self.schedule.confirm:
             block = min(self.schedule.confirm_block, self.schedule.confirm - extra)
-            self._on_run(f"{spec.case_id}: {verdict.status.value} so far; {block} confirm runs")
+            # efficiency is this case's rate over its ws1 case's rate in this session: confirm
+            # runs of this case alone cannot undo one fast (or slow) ws1 run, so the ws1 case
+            # is confirmed too, its runs alternating with these
+            anchor = self.ledger.anchor(spec) if verdict.efficiency is not None else None
+            with_anchor = f" and {block} of {anchor.case_id}, its efficiency's reference" if anchor else ""
+            self._on_run(f"{spec.case_id}: {verdict.status.value} so far; {block} confirm runs{with_anchor}")
             for _ in range(block):
+                if anchor is not None and not self._anchor_run(anchor):
+                    anchor = None
                 self._one_run(spec)
                 extra += 1
             verdict = self.ledger.judge(spec.case_id)
         self.ledger.complete(spec.case_id)
         return verdict
+
+    def _anchor_run(self, anchor: CaseSpec) -> bool:
+        """One more run of a ws1 reference case; False when it failed (its own record says so,
+        and the case being confirmed goes on without it)."""
+        try:
+            self._one_run(anchor)
+        except CaseFailedError as exc:
+            self._on_run(f"{anchor.case_id}: a reference run failed ({exc.reason.splitlines()[0]})")
+            return False
+        return True
 
     def _unsettled(self, verdict: Verdict, extra: int) -> bool:
         """INCONCLUSIVE always wants more runs; REGRESSED and IMPROVED until one confirm block

@@ -82,8 +82,13 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
     assert [r["run_id"] for r in next(iter(after["cases"][ws2].values()))["runs"]] == [
         r["run_id"] for r in next(iter(before["cases"][ws2].values()))["runs"]
     ]
+    # ws1: 2 recorded + its run + 2 reference runs beside ws2's confirm block (efficiency is
+    # over ws1's rate in this session, so a scaling suspicion re-measures both)
+    slowed.stdout.fnmatch_lines(
+        ["*2 confirm runs and 2 of transformer_tiny-ddp-ws1-fp32-strong, its efficiency's reference*"]
+    )
     (ws1_entry,) = after["cases"]["transformer_tiny-ddp-ws1-fp32-strong"].values()
-    assert len(ws1_entry["runs"]) == 3
+    assert len(ws1_entry["runs"]) == 5
     assert path.stat().st_mode & 0o777 == 0o644
 
 

@@ -47,10 +47,12 @@ DEFAULT = Schedule(repeats=1, confirm=4, quarantine_pause_s=7)
 
 
 def session(tmp_path: Path, fake: FakeLauncher, baseline_medians: dict[str, float] | None = None,
-            schedule: Schedule = DEFAULT) -> tuple[PerfSession, list[float]]:  # fmt: skip
+            schedule: Schedule = DEFAULT, thresholds: Thresholds | None = None,
+            ) -> tuple[PerfSession, list[float]]:  # fmt: skip
     ctx = None
     if baseline_medians is not None:
-        ctx = BaselineContext(tmp_path / "b.json", None, "k", {}, thresholds=Thresholds.for_device("cpu"))
+        thresholds = thresholds or Thresholds.for_device("cpu")
+        ctx = BaselineContext(tmp_path / "b.json", None, "k", {}, thresholds=thresholds)
         seed = Ledger("old", None)
         for cid, median in baseline_medians.items():
             spec = SPECS[cid]
@@ -180,3 +182,25 @@ def test_a_case_not_measured_to_the_end_is_never_recorded(tmp_path: Path) -> Non
     additions, _, left_out = perf.ledger.baseline_additions()
     assert [a.case_id for a in additions] == [B.case_id]
     assert left_out[A.case_id].startswith("not measured to the end")
+
+
+def test_a_scaling_suspicion_confirms_the_ws1_reference_too(tmp_path: Path) -> None:
+    # ws1's one scheduled run is 8 % fast (a fluke under its 10 % step threshold: OK, no
+    # confirm); ws2 is unchanged, so its efficiency reads 0.06 points worse: beyond a 5-point
+    # threshold and far beyond the baseline's efficiency spread. Confirm runs of ws2 alone would keep dividing by the fast ws1 run: the ws1 case
+    # is run again beside them, and the fluke is outvoted
+    ws1, ws2 = A, tiny_spec(world_size=2)
+    SPECS[ws2.case_id] = ws2
+    measured_spread = replace(Thresholds.for_device("cpu"), efficiency=0.05, min_spread=0.002)
+    verdicts = {}
+    for confirm in (0, 4):
+        fake = FakeLauncher({ws1.case_id: [0.092, 0.1], ws2.case_id: [0.06]})
+        perf, _ = session(tmp_path / str(confirm), fake, {ws1.case_id: 0.1, ws2.case_id: 0.06},
+                          Schedule(confirm=confirm), measured_spread)  # fmt: skip
+        assert perf.measure(ws1).status is Status.OK
+        verdicts[confirm] = perf.measure(ws2)
+    alone, confirmed = verdicts[0], verdicts[4]
+    assert alone is not None and alone.status is Status.REGRESSED and alone.scaling_regression, alone.story
+    assert confirmed is not None and confirmed.status is Status.OK, confirmed.story
+    runs = [cid.split("-")[2] for cid, _ in fake.calls]
+    assert runs[:4] == ["ws1", "ws2", "ws1", "ws2"]  # reference and case alternate
