@@ -30,7 +30,11 @@ def main() -> None:
     for path in args.files:
         runs = capped = slower = faster = 0
         warmups: list[int] = []
-        for bench in json.loads(path.read_text())["benchmarks"]:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or "benchmarks" not in data:
+            print(f"| {path.name} | not a pytest-benchmark JSON file: skipped | | | | |")
+            continue
+        for bench in data["benchmarks"]:
             info = bench["extra_info"]
             capped += sum("warmup reached its cap" in note for note in info.get("notes", []))
             for run in info.get("runs", []):
