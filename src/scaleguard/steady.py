@@ -24,8 +24,7 @@ class WarmupPolicy:
 
     - *level*: their medians agree within ``tolerance``, or, when the steps are noisier than
       that, each median lies inside the other window's interquartile range (a shift smaller
-      than the windows' own spread is noise, not warmup; waiting for two noisy medians to
-      agree to 3 % only made CPU warmup run to its cap);
+      than the windows' own spread is noise, not warmup);
     - *no drift*: the Theil-Sen slope over both windows is either not significant (its 95 %
       interval contains 0) or not material (the change it fits across the ``2 * window`` steps
       is within ``tolerance`` of the median). Two window medians can agree while the steps are
@@ -84,7 +83,7 @@ def theil_sen_slope(y: npt.ArrayLike) -> float:
 
 def _significant(y: npt.ArrayLike) -> bool:
     """Whether the slope's 95 % interval (Sen's, from scipy) excludes 0. Asked only once a
-    slope is material, so a rank whose warmup settles never imports scipy.stats (~1 s)."""
+    slope is material, so a rank whose warmup settles never imports scipy.stats (0.3-1 s)."""
     from scipy import stats as sps
 
     _, _, low, high = sps.theilslopes(y)
