@@ -6,6 +6,7 @@ on one machine cannot race for one, and nothing listens on a network interface.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import multiprocessing
@@ -72,17 +73,32 @@ def _kill_rank(proc: BaseProcess, sig: signal.Signals) -> None:
 
 
 def reap(procs: list[BaseProcess], grace_s: float = GRACE_S) -> None:
-    """SIGTERM, a grace period, SIGKILL (a stopped process ignores SIGTERM), join."""
-    for proc in procs:
-        _kill_rank(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        proc.join(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        # SIGKILL the group even if the rank is gone: its loader workers may not be
-        _kill_rank(proc, signal.SIGKILL)
-    for proc in procs:
-        proc.join(timeout=10.0)
+    """SIGTERM, a grace period, SIGKILL (a stopped process ignores SIGTERM), join. A Ctrl-C
+    during the grace period cuts it short; the SIGKILL is sent whatever happens."""
+    try:
+        for proc in procs:
+            _kill_rank(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            # SIGKILL the group even if the rank is gone: its loader workers may not be
+            _kill_rank(proc, signal.SIGKILL)
+        for proc in procs:
+            proc.join(timeout=10.0)
+        _started_ranks.difference_update(procs)
+
+
+# every rank process started and not yet reaped. multiprocessing joins its live non-daemon
+# children at interpreter exit, without a deadline: a rank that something failed to reap
+# (an interrupt in the wrong place) would hang the exit of pytest. Reaped first instead.
+_started_ranks: set[BaseProcess] = set()
+
+
+@atexit.register
+def _reap_leftover_ranks() -> None:
+    reap([p for p in _started_ranks if p.is_alive()], grace_s=0.5)
 
 
 def _read_failure(run_dir: Path, rank: int) -> RankFailure | None:
@@ -258,6 +274,7 @@ class RankPool:
                         name=f"scaleguard-{key.model}-{key.device}-n{key.nprocs}-rank{rank}",
                         daemon=False,
                     )
+                    _started_ranks.add(proc)
                     proc.start()
                     theirs.close()  # the child holds its end: EOF here when it dies
                     self.procs.append(proc)
@@ -303,17 +320,20 @@ class RankPool:
         return [replace(r, anatomy={}, anatomy_lost=lost[r.rank]) if r.rank in lost else r for r in results]
 
     def close(self) -> None:
-        """Ask the ranks to leave, then reap them (SIGTERM, grace, SIGKILL) whatever they do."""
-        for conn in self.conns:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send(None)
-        deadline = time.monotonic() + GRACE_S
-        for proc in self.procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        reap(self.procs)
-        for conn in self.conns:
-            conn.close()
-        self.procs, self.conns = [], []
+        """Ask the ranks to leave, then reap them (SIGTERM, grace, SIGKILL) whatever they do,
+        also when interrupted while waiting for them."""
+        try:
+            for conn in self.conns:
+                with contextlib.suppress(OSError, ValueError):
+                    conn.send(None)
+            deadline = time.monotonic() + GRACE_S
+            for proc in self.procs:
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            reap(self.procs)
+            for conn in self.conns:
+                conn.close()
+            self.procs, self.conns = [], []
 
 
 class Pools:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,4 +130,38 @@ def test_isolate_gives_every_run_fresh_processes(tmp_path: Path, process_tag: st
     first = isolated.run(a, tmp_path / "a", 120)
     second = isolated.run(b, tmp_path / "b", 120)
     assert not _pids(first) & _pids(second)
+    assert not tagged_pids(process_tag)
+
+
+def test_a_pool_left_open_does_not_hang_the_exit_and_leaves_no_process(
+    tmp_path: Path, process_tag: str
+) -> None:
+    # an interrupt in the wrong place could skip every close(): multiprocessing would then join
+    # the idle ranks at interpreter exit, forever (they wait for their next job). The launcher
+    # reaps what it started first.
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from scaleguard.launcher import Pools\n"
+        "from tests.conftest import tiny_spec\n"
+        "if __name__ == '__main__':  # spawned ranks import this file again\n"
+        "    pools = Pools(Path(sys.argv[1]))\n"
+        "    pools.run(tiny_spec(world_size=2, steps=3), Path(sys.argv[1]) / 'run', 120)\n"
+        "    print('served, exiting with the pool open', flush=True)\n"
+    )
+    root = Path(__file__).parents[2]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "pools")],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "served, exiting with the pool open" in done.stdout
+    assert time.monotonic() - started < 170
     assert not tagged_pids(process_tag)
