@@ -204,3 +204,24 @@ def test_a_scaling_suspicion_confirms_the_ws1_reference_too(tmp_path: Path) -> N
     assert confirmed is not None and confirmed.status is Status.OK, confirmed.story
     runs = [cid.split("-")[2] for cid, _ in fake.calls]
     assert runs[:4] == ["ws1", "ws2", "ws1", "ws2"]  # reference and case alternate
+
+
+def test_a_failing_reference_run_costs_the_reference_not_the_case_being_confirmed(tmp_path: Path) -> None:
+    # the ws1 case's reference run crashes: that failure is its own record (never recorded
+    # into the baseline); the ws2 case goes on with its own confirm runs and is judged
+    ws1, ws2 = A, tiny_spec(world_size=2)
+    SPECS[ws2.case_id] = ws2
+    measured_spread = replace(Thresholds.for_device("cpu"), efficiency=0.05, min_spread=0.002)
+    fake = FakeLauncher({ws1.case_id: [0.092, -1.0], ws2.case_id: [0.06]})
+    lines: list[str] = []
+    perf, _ = session(
+        tmp_path, fake, {ws1.case_id: 0.1, ws2.case_id: 0.06}, Schedule(confirm=4), measured_spread
+    )
+    perf._on_run = lines.append
+    assert perf.measure(ws1).status is Status.OK
+    verdict = perf.measure(ws2)
+    assert verdict is not None
+    runs = [cid.split("-")[2] for cid, _ in fake.calls]
+    assert runs.count("ws1") == 2 and runs.count("ws2") >= 3  # one reference try, then ws2 alone
+    assert any("a reference run failed" in line for line in lines), lines
+    assert ws1.case_id in perf.ledger.failures
