@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,7 @@ from scaleguard.evidence import CaseEvidence
 from scaleguard.records import Fields, FileFormatError, atomic_write_text, read_document
 from scaleguard.schema import SCHEMA_VERSION
 
+_TOP_FIELDS = frozenset({"schema_version", "hardware_key", "hardware", "cases"})
 DEFAULT_KEEP_RUNS = 10
 LOCK_TIMEOUT_S = 120.0
 _FIX = "restore it from version control (git checkout -- FILE) or move it aside to record a new one"
@@ -40,6 +42,20 @@ _FIX = "restore it from version control (git checkout -- FILE) or move it aside 
 
 class BaselineError(RuntimeError):
     """A baseline file exists but cannot be used; the message names the file and the fix."""
+
+
+# a hardware key names a file in the baselines directory: no separators, no "..", no hidden file
+_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,150}")
+
+
+def check_key(key: str, what: str = "hardware key") -> str:
+    """``key`` if it is a plain file name stem (what ``slug`` produces), else FileFormatError."""
+    if not _KEY.fullmatch(key) or ".." in key:
+        raise FileFormatError(
+            f"{what} {key[:60]!r} is not a hardware key: lower-case letters, digits, '.', '_' and '-', "
+            "as `scaleguard hardware-key` prints"
+        )
+    return key
 
 
 def hardware_key(
@@ -107,7 +123,7 @@ class BaselineFile:
         }
 
     def to_text(self) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
         # one line per sample list: a 10-run baseline stays reviewable in a diff
         return (
             re.sub(
@@ -126,37 +142,54 @@ def load(path: Path) -> BaselineFile | None:
     Raises:
         BaselineError: the file is unreadable, not JSON, of another schema, or malformed.
     """
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     fix = _FIX.replace("FILE", str(path))
     try:
-        data = read_document(path, "baseline", fix)
-        top = Fields.of(data, f"baseline {path}", fix)
-        version = top.integer("schema_version", 1, SCHEMA_VERSION)
-        cases: dict[str, dict[str, CaseEvidence]] = {}
-        all_cases = top.obj("cases")
-        for case_id in all_cases.data:
-            by_torch = all_cases.obj(case_id)
-            cases[case_id] = {}
-            for torch_version, raw in by_torch.data.items():
-                where = f"baseline {path}, case {case_id}, torch {torch_version}"
-                entry = (
-                    CaseEvidence.from_schema1(raw, where, fix)
-                    if version == 1
-                    else CaseEvidence.from_dict(raw, where, fix)
-                )
-                if entry.case_id != case_id:
-                    raise FileFormatError(f"{where}: holds case {entry.case_id!r}; {fix}")
-                cases[case_id][torch_version] = entry
-        return BaselineFile(
-            path,
-            top.string("hardware_key"),
-            top.raw_dict("hardware"),
-            cases,
-            migrated_from=version if version != SCHEMA_VERSION else None,
-        )
+        return _from_data(path, read_document(path, "baseline", fix), fix)
     except FileFormatError as exc:
         raise BaselineError(str(exc)) from None
+
+
+def _from_data(path: Path, data: dict[str, Any], fix: str) -> BaselineFile:
+    top = Fields.of(data, f"baseline {path}", fix).known(_TOP_FIELDS)
+    version = top.integer("schema_version", 1, SCHEMA_VERSION)
+    key = check_key(top.string("hardware_key"), f"baseline {path}: hardware_key")
+    cases: dict[str, dict[str, CaseEvidence]] = {}
+    all_cases = top.obj("cases")
+    for case_id in all_cases.data:
+        Fields({"case": case_id}, f"baseline {path}, cases", fix).ident("case")
+        by_torch = all_cases.obj(case_id)
+        cases[case_id] = {}
+        for torch_version, raw in by_torch.data.items():
+            Fields({"torch": torch_version}, f"baseline {path}, case {case_id}", fix).ident("torch")
+            where = f"baseline {path}, case {case_id}, torch {torch_version}"
+            entry = (
+                CaseEvidence.from_schema1(raw, where, fix)
+                if version == 1
+                else CaseEvidence.from_dict(raw, where, fix)
+            )
+            if entry.case_id != case_id:
+                raise FileFormatError(f"{where}: holds case {entry.case_id!r}; {fix}")
+            cases[case_id][torch_version] = entry
+    return BaselineFile(
+        path,
+        key,
+        top.scalars("hardware"),
+        cases,
+        migrated_from=version if version != SCHEMA_VERSION else None,
+    )
+
+
+def checked_text(baseline: BaselineFile) -> str:
+    """The file's text, read back through the same validation a reader applies: nothing is
+    written that ``load`` would refuse (a step of 1e308 s, a NaN, an id with a newline)."""
+    try:
+        text = baseline.to_text()
+        _from_data(baseline.path, json.loads(text), "a scaleguard bug: report it")
+    except (ValueError, FileFormatError) as exc:
+        raise BaselineError(f"baseline {baseline.path}: not written, it would not read back: {exc}") from None
+    return text
 
 
 @contextlib.contextmanager
@@ -165,7 +198,23 @@ def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     replaced by rename, so a lock on its inode would not exclude the next writer)."""
     lock_path = path.with_name(f".{path.name}.lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    # read-only is enough for flock (another user's 0644 lock still locks); O_NOFOLLOW: a link
+    # planted at the lock path is refused instead of creating its target
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(lock_path, flags, 0o666)
+    except OSError as exc:
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+        raise BaselineError(
+            f"baseline {path}: its lock file {lock_path} cannot be used ({why}); nothing was written. "
+            "Remove it, or pass another --perf-baselines directory."
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BaselineError(
+            f"baseline {path}: its lock file {lock_path} is not a regular file; nothing was written. "
+            "Remove it."
+        )
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -205,7 +254,7 @@ def update(
         if current is None:
             current = BaselineFile(path, hardware_key, dict(hardware))
         merged = current.merged(additions, restart, keep)
-        atomic_write_text(path, merged.to_text())
+        atomic_write_text(path, checked_text(merged))
         return merged
 
 

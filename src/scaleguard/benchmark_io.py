@@ -113,20 +113,23 @@ def read_saved_run(path: Path, data: dict[str, Any]) -> tuple[str | None, dict[s
     Runs saved before schema 2 (steps, no runs) load as one run per case."""
     fix = "pass a file written by pytest perf/ --benchmark-save=NAME"
     top = Fields.of(data, f"saved run {path}", fix)
-    machine = top.raw_dict("machine_info")
-    raw_ours = machine.get("scaleguard")
-    ours: dict[str, Any] = raw_ours if isinstance(raw_ours, dict) else {}
-    key = ours.get("hardware_key") if isinstance(ours.get("hardware_key"), str) else None
-    if key is None and ours:
-        from scaleguard.baseline import hardware_key
+    machine = top.obj("machine_info")
+    key: str | None = None
+    if isinstance(machine.data.get("scaleguard"), dict) and machine.data["scaleguard"]:
+        ours = machine.obj("scaleguard")
+        from scaleguard.baseline import check_key, hardware_key
 
-        key = hardware_key(
-            str(ours.get("device")), ours.get("gpu_name"), int(ours.get("gpu_count") or 0),
-            str(ours.get("cpu_model")), int(ours.get("threads_per_rank") or 0),
-        )  # fmt: skip
-    commit = (
-        (machine.get("commit_info") or {}).get("id") if isinstance(machine.get("commit_info"), dict) else None
-    )
+        if ours.data.get("hardware_key") is not None:
+            key = check_key(str(ours.string("hardware_key")), f"{ours.where}.hardware_key")
+        else:  # saved before the key was stored: derived from its parts
+            key = hardware_key(
+                ours.string("device"), ours.text("gpu_name", optional=True),
+                int(ours.integer("gpu_count", 0, 1_000_000, optional=True) or 0),
+                ours.string("cpu_model"), int(ours.integer("threads_per_rank", 1, 1_000_000) or 1),
+            )  # fmt: skip
+    commit_info = machine.data.get("commit_info")
+    commit = commit_info.get("id") if isinstance(commit_info, dict) else None
+    commit = commit if isinstance(commit, str) else None
     cases: dict[str, CaseEvidence] = {}
     for index, bench in enumerate(top.items("benchmarks")):
         entry = Fields.of(bench, f"saved run {path}, benchmarks[{index}]", fix)
@@ -148,24 +151,30 @@ def read_saved_run(path: Path, data: dict[str, Any]) -> tuple[str | None, dict[s
                     run_id=f"{path.stem}-{index}", session=path.stem,
                     summary=StepSummary.of(steps), step_s=steps,
                     samples_per_s=float(info.number("samples_per_s", 1e-12) or 0.0),
-                    peak_mem_bytes=max(int(x) for x in info.items("peak_mem_bytes") or [0]),
+                    peak_mem_bytes=_peak_bytes(info),
                     scaling_efficiency=info.number("scaling_efficiency", 0.0, 1e3, optional=True),
                     commit=commit, quarantine="throttled" if info.flag("throttled") else None,
                 ),
             )  # fmt: skip
-        versions = info.raw_dict("versions", optional=True) or info.raw_dict("runtime", optional=True)
+        versions = info.scalars("versions", optional=True) or info.scalars("runtime", optional=True)
+        torch_version = machine.text("torch_version", optional=True)
         evidence = CaseEvidence(
-            case_id=info.string("case_id"),
-            group_id=info.string("group_id"),
+            case_id=str(info.ident("case_id")),
+            group_id=str(info.ident("group_id")),
             world_size=int(info.integer("world_size", 1, 1_000_000) or 1),
-            config=info.raw_dict("config"),
-            versions=versions or {"torch": machine.get("torch_version")},
+            config=info.scalars("config"),
+            versions=versions or {"torch": torch_version},
             runs=runs,
         )
         cases[evidence.case_id] = evidence
     if not cases:
         raise FileFormatError(f"saved run {path}: a pytest-benchmark file without scaleguard cases; {fix}")
     return key, cases
+
+
+def _peak_bytes(info: Fields) -> int:
+    """Schema 1: the largest rank's peak memory, from a list of byte counts."""
+    return max(info.byte_counts("peak_mem_bytes")) if "peak_mem_bytes" in info.data else 0
 
 
 def read_document_any(path: Path) -> dict[str, Any]:

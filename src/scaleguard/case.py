@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from scaleguard.records import Fields
 
 Mode = Literal["single", "dp", "ddp", "fsdp", "compile"]
 Precision = Literal["fp32", "bf16"]
@@ -20,6 +24,11 @@ DISTRIBUTED_MODES = ("ddp", "fsdp", "compile")  # one process per rank
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
 SCALINGS: tuple[Scaling, ...] = ("strong", "weak")
 INPUTS: tuple[Inputs, ...] = ("synthetic", "loader")
+DEVICES: tuple[Device, ...] = ("cpu", "cuda")
+PROFILES: tuple[Profile, ...] = ("smoke", "full")
+# a model name becomes part of case ids, test ids, file names and markdown rows
+MODEL_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")
+MAX_BATCH = 2**31
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,27 @@ class RunSettings:
     target_median_ci: float = 0.0
     # step anatomy (scaleguard.anatomy): phased steps after the measured ones; 0 turns it off
     profile_steps: int = 3
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> RunSettings:
+        f.known(frozenset(x.name for x in dataclasses.fields(cls)))
+        values: dict[str, Any] = {}
+        for spec in dataclasses.fields(cls):
+            optional = spec.default is not dataclasses.MISSING
+            if spec.type == "int":
+                value: Any = f.integer(spec.name, 0, 10**9, optional=optional)
+            elif spec.type == "float":
+                value = f.number(spec.name, 0.0, 1e9, optional=optional)
+            elif spec.type == "bool":
+                value = f.flag(spec.name, bool(spec.default)) if spec.name in f.data else None
+            else:  # "str | None"
+                value = f.text(spec.name, optional=True)
+            if value is not None:
+                values[spec.name] = value
+        settings = cls(**values)
+        if settings.threads_per_rank < 1 or settings.steps < 1:
+            raise f.fail("threads_per_rank", "and steps must be at least 1")
+        return settings
 
 
 @dataclass(frozen=True)
@@ -102,10 +132,42 @@ class CaseSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
-        version = data.get("schema_version")
+        from scaleguard.records import Fields
+
+        return cls.from_fields(Fields.of(data, "case description", "a scaleguard bug: report it"))
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> CaseSpec:
+        """Every field checked for type and range: a record names the case it measured, and a
+        wrong type here would surface as a traceback in whatever reads it next."""
+        f.known(frozenset(x.name for x in dataclasses.fields(cls)))
+        version = f.integer("schema_version", 0, 2**31)
         if version not in READABLE_VERSIONS:
-            raise ValueError(f"CaseSpec schema_version {version!r} is not one of {READABLE_VERSIONS}")
-        fields = dict(data)
-        fields["settings"] = RunSettings(**fields["settings"])
-        fields["schema_version"] = SCHEMA_VERSION
-        return cls(**fields)
+            raise f.fail("schema_version", f"is {version!r}, not one of {READABLE_VERSIONS}")
+
+        def choice(key: str, allowed: tuple[str, ...]) -> Any:
+            value = f.string(key)
+            if value not in allowed:
+                raise f.fail(key, f"is {value[:40]!r}, not one of {', '.join(allowed)}")
+            return value
+
+        model = f.string("model")
+        if not MODEL_NAME.fullmatch(model):
+            raise f.fail("model", f"is {model[:40]!r}: model names are letters, digits, '_' and '.'")
+        spec = cls(
+            model=model,
+            mode=choice("mode", MODES),
+            world_size=int(f.integer("world_size", 1, 1_000_000) or 1),
+            precision=choice("precision", PRECISIONS),
+            scaling=choice("scaling", SCALINGS),
+            inputs=choice("inputs", INPUTS),
+            device=choice("device", DEVICES),
+            profile=choice("profile", PROFILES),
+            global_batch=int(f.integer("global_batch", 1, MAX_BATCH) or 1),
+            settings=RunSettings.from_fields(f.obj("settings")),
+        )
+        if spec.mode == "single" and spec.world_size != 1:
+            raise f.fail("world_size", f"is {spec.world_size}; a single-device case has world size 1")
+        if spec.is_distributed and spec.global_batch % spec.nprocs:
+            raise f.fail("global_batch", f"{spec.global_batch} does not split over {spec.nprocs} ranks")
+        return spec

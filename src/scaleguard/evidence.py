@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -114,7 +114,7 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Any, where: str, fix: str) -> RunRecord:
-        f = Fields.of(data, where, fix)
+        f = Fields.of(data, where, fix).known(_RUN_FIELDS)
         step_s = f.samples("step_s")
         eff = f.number("scaling_efficiency", 0.0, 1e3, optional=True)
         speedup = f.number("speedup", 0.0, 1e6, optional=True)
@@ -135,6 +135,7 @@ class RunRecord:
             gpu=f.raw_dict("gpu", optional=True),
             host=f.raw_dict("host", optional=True),
             wall_s=float(f.number("wall_s", optional=True) or 0.0),
+            phases_s=f.floats("phases_s", 0.0, 1e9),
             anatomy=(
                 Anatomy.from_dict(data["anatomy"], f"{where}.anatomy", fix)
                 if isinstance(data, dict) and data.get("anatomy") is not None
@@ -220,16 +221,16 @@ class CaseEvidence:
 
     @classmethod
     def from_dict(cls, data: Any, where: str, fix: str) -> CaseEvidence:
-        f = Fields.of(data, where, fix)
+        f = Fields.of(data, where, fix).known(_EVIDENCE_FIELDS)
         runs = f.items("runs")
         if not runs:
             raise f.fail("runs", "is empty: an entry needs at least one run")
         return cls(
-            case_id=f.string("case_id"),
-            group_id=f.string("group_id"),
+            case_id=str(f.ident("case_id")),
+            group_id=str(f.ident("group_id")),
             world_size=int(f.integer("world_size", 1, 1_000_000) or 1),
-            config=f.raw_dict("config"),
-            versions=f.raw_dict("versions"),
+            config=f.scalars("config"),
+            versions=f.scalars("versions"),
             runs=tuple(RunRecord.from_dict(r, f"{where}.runs[{i}]", fix) for i, r in enumerate(runs)),
         )
 
@@ -252,10 +253,15 @@ class CaseEvidence:
             quarantine="throttled (schema 1)" if f.flag("throttled") else None,
         )
         return cls(
-            case_id=f.string("case_id"),
-            group_id=f.string("group_id"),
+            case_id=str(f.ident("case_id")),
+            group_id=str(f.ident("group_id")),
             world_size=int(f.integer("world_size", 1, 1_000_000) or 1),
-            config=f.raw_dict("config"),
-            versions=f.raw_dict("versions"),
+            config=f.scalars("config"),
+            versions=f.scalars("versions"),
             runs=(run,),
         )
+
+
+_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
+# median_step_s and run_spread are derived, written for readers of the file, recomputed on load
+_EVIDENCE_FIELDS = frozenset(f.name for f in fields(CaseEvidence)) | {"median_step_s", "run_spread"}

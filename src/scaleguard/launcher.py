@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -24,7 +23,7 @@ from typing import Any
 
 from scaleguard import faults, worker
 from scaleguard.case import CaseSpec
-from scaleguard.records import RankFailure, RankResult
+from scaleguard.records import FileFormatError, RankFailure, RankResult, read_document
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
 ANATOMY_GRACE_S = 30.0  # for peers of a rank lost in the step anatomy to finish or fail
@@ -103,9 +102,11 @@ def _reap_leftover_ranks() -> None:
 
 def _read_failure(run_dir: Path, rank: int) -> RankFailure | None:
     path = Path(worker.RankFiles.in_dir(run_dir, rank).error)
+    if not path.exists():
+        return None
     try:
-        return RankFailure.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+        return RankFailure.from_dict(_read_rank_file(path, "rank error"), f"rank error {path}")
+    except FileFormatError:
         return None
 
 
@@ -506,7 +507,12 @@ def _collect(spec: CaseSpec, run_dir: Path) -> list[RankResult]:
                 f"'{_read_status(run_dir, rank)}')",
             )
         try:
-            results.append(RankResult.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-        except (ValueError, TypeError) as exc:
-            raise CaseFailedError(spec.case_id, rank, f"unreadable result file {path}: {exc}") from exc
+            results.append(RankResult.from_dict(_read_rank_file(path, "rank result"), f"rank result {path}"))
+        except FileFormatError as exc:
+            raise CaseFailedError(spec.case_id, rank, f"unusable result file: {exc}") from None
     return results
+
+
+def _read_rank_file(path: Path, kind: str) -> dict[str, Any]:
+    """Rank files go through the one validating reader, like every file scaleguard reads."""
+    return read_document(path, kind, "a rank wrote it: a scaleguard bug, or a rank that was disturbed")

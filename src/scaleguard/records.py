@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,16 @@ from scaleguard.steady import WarmupPolicy
 MAX_FILE_BYTES = 64 * 2**20  # a baseline of 10 runs x 100 cases is ~10 MB
 MAX_SAMPLES = 100_000  # per-step samples in one run
 MAX_ITEMS = 10_000  # cases in a file, runs in an entry, ranks in a run
+# what one file may hold before it is parsed: Python objects cost ~26x the JSON text of
+# `[{},{},...]`, so the byte cap alone does not bound memory. The committed CPU baseline
+# (340 kB, 10 runs x 16 cases) has 1,828 containers and 10,526 separators.
+MAX_CONTAINERS = 200_000  # '{' plus '[' (a bound: braces inside strings count too)
+MAX_SEPARATORS = 4_000_000  # ','; 4 M floats are ~130 MB, two caps' worth
+MAX_STEP_S = 1e6  # one training step longer than 11 days is not a measurement
+MAX_ID_CHARS = 200
+# case ids, group ids and torch versions are printed in tables, markdown and file names:
+# printable, no whitespace (a newline would inject a markdown row)
+_ID = re.compile(rf"[!-~]{{1,{MAX_ID_CHARS}}}")
 
 
 class FileFormatError(ValueError):
@@ -79,11 +91,54 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    # allow_nan=False: never write a file that our own reader would refuse
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def _reject_constant(token: str) -> float:
     raise ValueError(f"{token} is not a number JSON allows")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose key appears twice is refused: JSON readers disagree on which one wins."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
+def _read_bounded(path: Path, fail: Any) -> bytes:
+    """At most the cap + 1 bytes of a regular file. A FIFO is opened without blocking and a
+    device (a link to /dev/zero) is refused before a byte is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise fail("no such file") from None
+    except OSError as exc:
+        raise fail(f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise fail("is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise fail("is not a regular file (a device, FIFO or socket): refused unread")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_FILE_BYTES:
+            chunk = os.read(fd, min(2**20, MAX_FILE_BYTES + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise fail(f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if total > MAX_FILE_BYTES:
+        raise fail(f"is larger than the {MAX_FILE_BYTES / 2**20:.0f} MiB limit")
+    return b"".join(chunks)
 
 
 def read_document(path: Path, kind: str, fix: str) -> dict[str, Any]:
@@ -101,35 +156,30 @@ def read_document(path: Path, kind: str, fix: str) -> dict[str, Any]:
     def fail(problem: str) -> FileFormatError:
         return FileFormatError(f"{kind} {path}: {problem}; {fix}")
 
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise fail(f"{size / 2**20:.0f} MiB is larger than the {MAX_FILE_BYTES / 2**20:.0f} MiB limit")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise fail("no such file") from None
-    except IsADirectoryError:
-        raise fail("is a directory, not a file") from None
-    except OSError as exc:
-        raise fail(f"cannot be read ({exc.strerror or exc})") from exc
+    raw = _read_bounded(path, fail)
+    if raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS or raw.count(b",") > MAX_SEPARATORS:
+        raise fail(
+            f"holds more than {MAX_CONTAINERS} objects and lists or {MAX_SEPARATORS} values: "
+            "far more than any file scaleguard writes"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise fail(f"not UTF-8 text (byte {exc.start}): not a JSON file") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise fail(
             f"corrupt or truncated JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
         ) from None
     except RecursionError:
         raise fail("JSON nested too deeply") from None
-    except ValueError as exc:  # NaN/Infinity tokens, integers past Python's digit limit
+    except ValueError as exc:  # NaN/Infinity, integers past Python's digit limit, duplicate keys
         raise fail(f"invalid JSON value: {exc}") from None
     if not isinstance(data, dict):
         raise fail(f"expected a JSON object, found {type(data).__name__}")
     version = data.get("schema_version", data.get("scaleguard_schema"))
-    if version is not None and version not in READABLE_VERSIONS:
+    if version is not None and (isinstance(version, bool) or version not in READABLE_VERSIONS):
         newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
         hint = "it was written by a newer scaleguard: upgrade scaleguard" if newer else fix
         raise FileFormatError(
@@ -157,6 +207,71 @@ class Fields:
 
     def fail(self, key: str, problem: str) -> FileFormatError:
         return FileFormatError(f"{self.where}: field {key!r} {problem}; {self.fix}")
+
+    def known(self, allowed: set[str] | frozenset[str]) -> Fields:
+        """Refuse keys this reader does not know: a misspelled ``"quarantined"`` would
+        otherwise be dropped silently and a quarantined run count as evidence."""
+        unknown = sorted(str(k) for k in self.data if k not in allowed)
+        if unknown:
+            shown = ", ".join(repr(k[:40]) for k in unknown[:5])
+            raise FileFormatError(
+                f"{self.where}: unknown field{'s' if len(unknown) > 1 else ''} {shown} "
+                f"(known: {', '.join(sorted(allowed))}); {self.fix}"
+            )
+        return self
+
+    def version(self) -> int:
+        """A record's own schema version (absent in the oldest): one this scaleguard reads."""
+        return int(self.integer("schema_version", 1, SCHEMA_VERSION, optional=True) or SCHEMA_VERSION)
+
+    def byte_counts(self, key: str) -> tuple[int, ...]:
+        """A non-empty list of byte counts (each rank's peak memory)."""
+        value = self.items(key)
+        if not value or not all(type(x) is int and 0 <= x <= 2**62 for x in value):
+            raise self.fail(key, "must list each rank's peak memory in bytes")
+        return tuple(int(x) for x in value)
+
+    def ident(self, key: str, optional: bool = False) -> str | None:
+        """A case id, group id or version: printable, no whitespace, at most 200 characters."""
+        value = self.text(key, optional)
+        if value is not None and not _ID.fullmatch(value):
+            raise self.fail(
+                key, f"is {value[:60]!r}: ids are 1-{MAX_ID_CHARS} printable characters without spaces"
+            )
+        return value
+
+    def scalars(self, key: str, optional: bool = False) -> dict[str, str | int | float | bool | None]:
+        """An object of plain values (strings, finite numbers, booleans, null): a case's config,
+        versions or settings, which are compared, hashed and printed."""
+        value = self._get(key, optional)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be an object, found {type(value).__name__}")
+        if len(value) > 200:
+            raise self.fail(key, f"has {len(value)} entries, more than 200")
+        for name, item in value.items():
+            if item is not None and not isinstance(item, (str, int, float, bool)):
+                raise self.fail(key, f"entry {name!r} is {type(item).__name__}, not a plain value")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise self.fail(key, f"entry {name!r} is {item}")
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**62:
+                raise self.fail(key, f"entry {name!r} is out of range")
+            if isinstance(item, str) and len(item) > 4096:
+                raise self.fail(key, f"entry {name!r} is longer than 4096 characters")
+        return dict(value)
+
+    def floats(self, key: str, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
+        """An object of finite numbers in [lo, hi] (timestamps, phase seconds)."""
+        out = {}
+        for name, item in self.raw_dict(key, optional=True).items():
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                raise self.fail(key, f"entry {name!r} is {type(item).__name__}, not a number")
+            number = float(item)
+            if not math.isfinite(number) or not lo <= number <= hi:
+                raise self.fail(key, f"entry {name!r} is {number}, outside [{lo}, {hi}]")
+            out[str(name)] = number
+        return out
 
     def _get(self, key: str, optional: bool) -> Any:
         if key not in self.data or self.data[key] is None:
@@ -245,8 +360,12 @@ class Fields:
             if isinstance(item, bool) or not isinstance(item, (int, float)):
                 raise self.fail(key, f"item {index} is {type(item).__name__}, not a number")
             number = float(item)
-            if not math.isfinite(number) or number <= 0:
-                raise self.fail(key, f"item {index} is {number}: samples must be finite and positive")
+            if not math.isfinite(number) or not 0 < number <= MAX_STEP_S:
+                raise self.fail(
+                    key,
+                    f"item {index} is {number}: samples must be finite and positive "
+                    f"seconds, at most {MAX_STEP_S:g}",
+                )
             out.append(number)
         return tuple(out)
 
@@ -279,28 +398,35 @@ class RankResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RankResult:
-        f = Fields.of(data, "rank result")
+    def from_dict(cls, data: dict[str, Any], where: str = "rank result") -> RankResult:
+        f = Fields.of(data, where, "a scaleguard bug: report it with this file").known(_field_names(cls))
         return cls(
-            case_id=f.string("case_id"),
-            rank=int(f.integer("rank") or 0),
+            case_id=str(f.ident("case_id")),
+            rank=int(f.integer("rank", 0, 1_000_000) or 0),
             step_s=f.samples("step_s", min_len=1),
-            warmup_step_s=tuple(float(x) for x in f.items("warmup_step_s")),
+            warmup_step_s=f.samples("warmup_step_s", min_len=0),
             steady=f.flag("steady"),
-            final_loss=float(data.get("final_loss", math.nan)),
+            final_loss=float(f.number("final_loss", -math.inf, math.inf) or 0.0),
             peak_mem_bytes=int(f.integer("peak_mem_bytes") or 0),
             mem_kind=f.string("mem_kind"),
             device_name=f.string("device_name"),
-            runtime=f.raw_dict("runtime"),
-            settings=f.raw_dict("settings"),
+            runtime=f.scalars("runtime"),
+            settings=f.scalars("settings"),
             measure_start_unix=float(f.number("measure_start_unix", optional=True) or 0.0),
             measure_end_unix=float(f.number("measure_end_unix", optional=True) or 0.0),
-            phase_unix={str(k): float(v) for k, v in f.raw_dict("phase_unix", optional=True).items()},
+            phase_unix=f.floats("phase_unix", 0.0, 1e11),
             anatomy=f.raw_dict("anatomy", optional=True),
             anatomy_lost=f.text("anatomy_lost", optional=True) or "",
             pid=int(f.integer("pid", optional=True) or 0),
             process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
+            schema_version=f.version(),
         )
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    import dataclasses
+
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 @dataclass(frozen=True)
@@ -320,16 +446,17 @@ class RankFailure:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RankFailure:
-        f = Fields.of(data, "rank error")
+    def from_dict(cls, data: dict[str, Any], where: str = "rank error") -> RankFailure:
+        f = Fields.of(data, where, "a scaleguard bug: report it with this file").known(_field_names(cls))
         return cls(
-            case_id=f.string("case_id"),
-            rank=int(f.integer("rank") or 0),
+            case_id=str(f.ident("case_id")),
+            rank=int(f.integer("rank", 0, 1_000_000) or 0),
             phase=f.string("phase"),
             exc_type=f.string("exc_type"),
             message=f.string("message"),
             traceback=f.string("traceback"),
             unix_time=float(f.number("unix_time") or 0.0),
+            schema_version=f.version(),
         )
 
 
@@ -401,36 +528,31 @@ class RunResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "run record") -> RunResult:
         f = Fields.of(data, where, "re-run the case to write a fresh record")
-        try:
-            spec = CaseSpec.from_dict(f.raw_dict("spec"))
-        except (TypeError, ValueError, KeyError) as exc:
-            raise f.fail("spec", f"is not a case description ({exc})") from None
+        f.known(_field_names(cls))
+        spec = CaseSpec.from_fields(f.obj("spec"))
         step_s = f.samples("step_s")
-        peak = [int(x) for x in f.items("peak_mem_bytes") if isinstance(x, int) and not isinstance(x, bool)]
-        if not peak:
-            raise f.fail("peak_mem_bytes", "must list each rank's peak memory in bytes")
-        return replace(
-            cls(
-                spec=spec,
-                step_s=step_s,
-                summary=StepSummary.of(step_s),
-                samples_per_s=spec.global_batch / StepSummary.of(step_s).median_s,
-                peak_mem_bytes=tuple(peak),
-                mem_kind=f.string("mem_kind"),
-                warmup_steps=int(f.integer("warmup_steps") or 0),
-                steady=f.flag("steady", True),
-                device_name=f.string("device_name"),
-                runtime=f.raw_dict("runtime"),
-                settings=f.raw_dict("settings"),
-                notes=tuple(str(n) for n in f.items("notes", optional=True)),
-                machine_state=f.raw_dict("machine_state", optional=True),
-                quarantine=f.text("quarantine", optional=True),
-                wall_s=float(f.number("wall_s", optional=True) or 0.0),
-                phases_s={str(k): float(v) for k, v in f.raw_dict("phases_s", optional=True).items()},
-                run_id=f.text("run_id", optional=True) or "",
-                anatomy=f.raw_dict("anatomy", optional=True),
-                process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
-            ),
+        peak = f.byte_counts("peak_mem_bytes")
+        summary = StepSummary.of(step_s)
+        return cls(
+            spec=spec,
+            step_s=step_s,
+            summary=summary,
+            samples_per_s=spec.global_batch / summary.median_s,
+            peak_mem_bytes=peak,
+            mem_kind=f.string("mem_kind"),
+            warmup_steps=int(f.integer("warmup_steps", 0, 1_000_000) or 0),
+            steady=f.flag("steady", True),
+            device_name=f.string("device_name"),
+            runtime=f.scalars("runtime"),
+            settings=f.scalars("settings"),
+            notes=tuple(str(n) for n in f.items("notes", optional=True)),
+            machine_state=f.raw_dict("machine_state", optional=True),
+            quarantine=f.text("quarantine", optional=True),
+            wall_s=float(f.number("wall_s", optional=True) or 0.0),
+            phases_s=f.floats("phases_s", 0.0, 1e9),
+            run_id=f.text("run_id", optional=True) or "",
+            anatomy=f.raw_dict("anatomy", optional=True),
+            process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
         )
 
 
