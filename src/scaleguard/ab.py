@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,13 +67,16 @@ def probe(label: str, python: str, env: Sequence[tuple[str, str]] = ()) -> Side:
     Raises:
         ABInputError: missing, not runnable, or without torch or scaleguard.
     """
-    path = Path(python)
-    if not path.exists():
-        raise ABInputError(f"side {label}: interpreter {python} does not exist")
+    resolved = resolve_interpreter(label, python)
+    # probed with the side's own environment: a PYTHONPATH or LD_PRELOAD given for B changes
+    # what B's ranks import, so the versions in the header must come from that environment
+    environ = {**os.environ, **dict(env)}
     try:
-        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [resolved, "-c", _PROBE], capture_output=True, text=True, timeout=180, env=environ
+        )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ABInputError(f"side {label}: {python} cannot be run: {exc}") from None
+        raise ABInputError(f"side {label}: {resolved} cannot be run: {exc}") from None
     try:
         info = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -87,7 +92,35 @@ def probe(label: str, python: str, env: Sequence[tuple[str, str]] = ()) -> Side:
             f"side {label}: {python} has no scaleguard ({info['error']}); run "
             f"`{python} -m pip install -e <this checkout>` there"
         )
-    return Side(label, Interpreter(python, tuple(env)), info)
+    return Side(label, Interpreter(resolved, tuple(env)), info)
+
+
+def parse_env(items: Sequence[str], option: str) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` items for one side's ranks."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise ABInputError(f"{option} takes KEY=VALUE with a variable name as KEY, got {item!r}")
+        pairs.append((key, value))
+    return pairs
+
+
+def resolve_interpreter(label: str, python: str) -> str:
+    """A path, or a command found on PATH as a shell would (``python3``), as an absolute path."""
+    if not python:
+        raise ABInputError(f"side {label}: the interpreter is empty")
+    if os.sep not in python:
+        found = shutil.which(python)
+        if found is None:
+            raise ABInputError(f"side {label}: interpreter {python} is neither a path nor a command on PATH")
+        return os.path.abspath(found)
+    path = Path(python)
+    if not path.exists():
+        raise ABInputError(f"side {label}: interpreter {python} does not exist")
+    if path.is_dir() or not os.access(path, os.X_OK):
+        raise ABInputError(f"side {label}: {python} is not an executable file")
+    return str(path.absolute())
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,30 @@ def _from_data(path: Path, data: dict[str, Any], fix: str) -> BaselineFile:
     )
 
 
+def check_matches(
+    loaded: BaselineFile | None, hardware_key: str, torch_pick: str | None, option: str
+) -> None:
+    """The file found for this hardware is this hardware's, and holds the torch version asked
+    for: otherwise every case would read NEW and the gate would open without a word."""
+    if loaded is None:
+        if torch_pick is not None:
+            raise BaselineError(f"{option} {torch_pick}: there is no baseline file for {hardware_key} yet")
+        return
+    if loaded.hardware_key != hardware_key:
+        raise BaselineError(
+            f"baseline {loaded.path} holds hardware_key {loaded.hardware_key!r} but is named for "
+            f"{hardware_key!r}: a file renamed or copied from another machine is not compared; "
+            "restore its name or move it aside"
+        )
+    if torch_pick is not None:
+        present = sorted({tv for by_torch in loaded.cases.values() for tv in by_torch})
+        if torch_pick not in present:
+            raise BaselineError(
+                f"{option} {torch_pick}: {loaded.path} has no entries for it; "
+                f"torch versions present: {', '.join(present) or 'none'}"
+            )
+
+
 def checked_text(baseline: BaselineFile) -> str:
     """The file's text, read back through the same validation a reader applies: nothing is
     written that ``load`` would refuse (a step of 1e308 s, a NaN, an id with a newline)."""
@@ -192,22 +216,24 @@ def checked_text(baseline: BaselineFile) -> str:
     return text
 
 
-@contextlib.contextmanager
-def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Exclusive lock for updating ``path``: a sidecar ``.lock`` file (the baseline itself is
-    replaced by rename, so a lock on its inode would not exclude the next writer)."""
-    lock_path = path.with_name(f".{path.name}.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # read-only is enough for flock (another user's 0644 lock still locks); O_NOFOLLOW: a link
-    # planted at the lock path is refused instead of creating its target
+def _lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file's descriptor, opened safely: read-only is enough for flock (another
+    user's 0644 lock still locks); O_NOFOLLOW refuses a link planted at the lock path instead
+    of creating its target; a directory or a device there is refused."""
+    lock_path = _lock_path(path)
     flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, flags, 0o666)
     except OSError as exc:
         why = "is a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
         raise BaselineError(
             f"baseline {path}: its lock file {lock_path} cannot be used ({why}); nothing was written. "
-            "Remove it, or pass another --perf-baselines directory."
+            "Remove it, or pass another baselines directory."
         ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -215,6 +241,19 @@ def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             f"baseline {path}: its lock file {lock_path} is not a regular file; nothing was written. "
             "Remove it."
         )
+    return fd
+
+
+def check_lock(path: Path) -> None:
+    """Fail before measuring when the lock of ``path`` could never be taken."""
+    os.close(_open_lock(path))
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Exclusive lock for updating ``path``: a sidecar ``.lock`` file (the baseline itself is
+    replaced by rename, so a lock on its inode would not exclude the next writer)."""
+    fd = _open_lock(path)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -226,7 +265,7 @@ def locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
                     raise
                 if time.monotonic() > deadline:
                     raise BaselineError(
-                        f"baseline {path}: another scaleguard session has held {lock_path.name} "
+                        f"baseline {path}: another scaleguard session has held {_lock_path(path).name} "
                         f"for {timeout_s:.0f} s; nothing was written. Run the update again when it ends."
                     ) from None
                 time.sleep(0.1)

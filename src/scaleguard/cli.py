@@ -72,17 +72,46 @@ def thresholds_from(args: argparse.Namespace, device: str) -> Thresholds:
         raise UsageProblem(str(exc)) from None
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] = ()) -> None:
+    """Before any work: an output path that cannot be written is a usage error, not a
+    traceback after the comparison."""
+    if path is None:
+        return
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise UsageProblem(f"{option} {path}: the file name must end in {', '.join(suffixes)}")
+    if path.is_dir():
+        raise UsageProblem(f"{option} {path} is a directory; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageProblem(f"{option} {path} is not writable")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageProblem(f"{option} {path}: cannot create files in {parent}")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
+    check_output(args.markdown, "--markdown")
+    check_output(args.plot, "--plot", PLOT_SUFFIXES)
     old_label, old_key, old = load_cases(args.old, args.old_torch)
     new_label, new_key, new = load_cases(args.new, args.new_torch)
-    if old_key and new_key and old_key != new_key and not args.allow_cross_hardware:
+    if (old_key is None or new_key is None or old_key != new_key) and not args.allow_cross_hardware:
+        unknown = [str(p) for p, k in ((args.old, old_key), (args.new, new_key)) if k is None]
         raise UsageProblem(
-            f"{args.old} is hardware {old_key}, {args.new} is {new_key}: numbers of different "
-            "hardware are not comparable. Pass --allow-cross-hardware to compare them anyway."
+            (
+                f"{' and '.join(unknown)}: no hardware key (machine_info.scaleguard is empty)"
+                if unknown
+                else f"{args.old} is hardware {old_key}, {args.new} is {new_key}"
+            )
+            + ": numbers of different hardware are not comparable. Pass --allow-cross-hardware "
+            "to compare them anyway."
         )
-    devices = {e.config.get("device") for e in new.values()}
+    devices = {str(e.config.get("device")) for e in new.values()}
     rows = judge_all(old, new, thresholds_from(args, "cpu" if devices == {"cpu"} else "cuda"), old_label)
-    console = Console(width=180)
+    console = Console(width=180, markup=False)
     if old_key != new_key:
         console.print(f"warning: comparing across hardware ({old_key} -> {new_key})", markup=False)
     console.print(report.compare_table(rows, old_label, new_label))
@@ -102,6 +131,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from scaleguard import torchrun_entry
     from scaleguard.ledger import BaselineContext, Ledger
 
+    if args.hardware_key is not None:
+        baseline.check_key(args.hardware_key, "--hardware-key")
     results = [torchrun_entry.read_finished_record(path) for path in args.files]
     results.sort(key=lambda r: (r.spec.group_id, r.spec.world_size))
     first = results[0]
@@ -111,7 +142,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         first.device_name,
         max(r.spec.world_size for r in results),
         first.device_name,
-        int(first.settings.get("threads_per_rank") or 1),
+        first.spec.settings.threads_per_rank,
     )
     if not args.baselines.is_dir() and not args.update_baselines:
         raise UsageProblem(
@@ -120,9 +151,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     path = args.baselines / f"{hardware_key}.json"
     if args.update_baselines:
         baseline.check_writable(args.baselines)
+        baseline.check_lock(path)
+    loaded = baseline.load(path)
+    baseline.check_matches(loaded, hardware_key, args.baseline_torch, "--baseline-torch")
     ctx = BaselineContext(
         path=path,
-        file=baseline.load(path),
+        file=loaded,
         hardware_key=hardware_key,
         hardware={"device": first.spec.device, "gpu_name": first.device_name, "source": "torchrun"},
         torch_pick=args.baseline_torch,
@@ -135,15 +169,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     for result in results:
         ledger.judge(result.spec.case_id)
         ledger.complete(result.spec.case_id)
-    console = Console(width=180)
+    console = Console(width=180, markup=False)
     for table in report.scaling_tables(ledger):
         console.print(table)
     for verdict in ledger.verdicts.values():
         if verdict.status is not Status.OK:
             console.print(verdict.story, markup=False, highlight=False)
     if args.update_baselines:
-        for line in report.baseline_update_lines(ledger, interrupted=False):
+        lines = report.baseline_update_lines(ledger, interrupted=False)
+        for line in lines:
             console.print(line, markup=False, highlight=False)
+        if any(line.startswith("scaleguard: baselines not updated") for line in lines):
+            return EXIT_BAD_INPUT
     return EXIT_REGRESSED if any(v.failed for v in ledger.verdicts.values()) else 0
 
 
@@ -154,6 +191,8 @@ def cmd_hardware_key(args: argparse.Namespace) -> int:
     device = args.device if args.device != "auto" else ("cuda" if gpu_inventory().count else "cpu")
     if device == "cuda" and not host.gpu_count:
         raise UsageProblem("--device cuda: no CUDA device is visible")
+    if args.threads_per_rank is not None and args.threads_per_rank < 1:
+        raise UsageProblem(f"--threads-per-rank takes a positive integer, got {args.threads_per_rank}")
     threads = args.threads_per_rank or max(1, (os.cpu_count() or 1) // 2)
     print(baseline.host_hardware_key(host, device, threads))
     return 0
@@ -165,14 +204,21 @@ def cmd_ab(args: argparse.Namespace, pytest_args: list[str]) -> int:
 
     from scaleguard import ab
 
-    for label, python in (("A", args.a), ("B", args.b)):
+    check_output(args.markdown, "--markdown")
+    check_output(args.plot, "--plot", PLOT_SUFFIXES)
+    sides: dict[str, str] = {}
+    for label, python, env in (("A", args.a, args.a_env), ("B", args.b, args.b_env)):
         try:
-            ab.probe(label, python)
+            probed = ab.probe(label, python, ab.parse_env(env or (), f"--{label.lower()}-env"))
         except ab.ABInputError as exc:
             raise UsageProblem(str(exc)) from None
+        sides[label] = probed.interpreter.python
+        print(
+            f"scaleguard ab: side {label}: {probed.interpreter.python} (torch {probed.versions.get('torch')})"
+        )
     pytest_args = [a for a in pytest_args if a != "--"]
     command = [sys.executable, "-m", "pytest", *(pytest_args or ["perf/"]), "-p", "no:cacheprovider"]
-    command += ["--perf-ab-a", args.a, "--perf-ab-b", args.b]
+    command += ["--perf-ab-a", sides["A"], "--perf-ab-b", sides["B"]]
     for flag, value in (("--perf-ab-markdown", args.markdown), ("--perf-ab-plot", args.plot),
                         ("--perf-ab-save", args.save_dir), ("--perf-ab-pairs", args.pairs)):  # fmt: skip
         if value is not None:
@@ -243,6 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         return handler[args.command](args)
     except (UsageProblem, BaselineError, FileFormatError) as exc:
         print(f"scaleguard {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (OSError, ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError) as exc:
+        # the contract is exit 2 and a sentence for any input, never a traceback; an input
+        # that reaches here slipped past the reader's checks, so say that too
+        print(
+            f"scaleguard {args.command}: cannot use the input ({type(exc).__name__}: {exc}); "
+            "if the files are scaleguard's own, this is a bug: please report it",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, fields, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -92,27 +93,75 @@ class Thresholds:
 
     @classmethod
     def parse_overrides(cls, base: Thresholds, text: str) -> Thresholds:
-        """``step=0.08 efficiency=0.05`` -> a copy of ``base`` with those values."""
+        """``step=0.08 efficiency=0.05`` -> a copy of ``base`` with those values. Only the
+        documented keys: alpha or min_spread of 1.0 would open the gate without a word."""
         values: dict[str, Any] = {}
-        names = {f.name for f in fields(cls)} - {"min_runs", "min_sessions"}
         for item in text.split():
-            key, _, value = item.partition("=")
-            if key not in names:
-                raise ValueError(f"unknown threshold {key!r} in {text!r}; known: {', '.join(sorted(names))}")
-            try:
-                values[key] = float(value)
-            except ValueError:
-                raise ValueError(f"threshold {key}={value!r} is not a number") from None
+            key, sep, value = item.partition("=")
+            if key not in USER_THRESHOLDS or not sep:
+                raise ValueError(
+                    f"unknown threshold {key!r} in {text!r}; known: {', '.join(USER_THRESHOLDS)} (key=value)"
+                )
+            if key in values:
+                raise ValueError(f"threshold {key} is given twice in {text!r}")
+            values[key] = parse_threshold(key, value)
         return replace(base, **values)
 
 
-def thresholds_for(case_id: str, default: Thresholds, per_case: list[str]) -> Thresholds:
+# what a user may set, per device or per case; the rest are measured properties of the method
+USER_THRESHOLDS = ("step", "efficiency", "memory")
+
+
+def parse_threshold(name: str, text: str) -> float:
+    """One threshold value: a plain number inside its bounds (``0.1 min_spread=1`` is refused)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"threshold {name}={text!r} is not a number") from None
+    lo, hi = _BOUNDS[name]
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise ValueError(f"threshold {name}={text!r} must be a number in [{lo}, {hi}]")
+    return value
+
+
+@dataclass(frozen=True)
+class CaseRule:
+    """One ``perf_case_thresholds`` line: a case-id glob and the thresholds it sets."""
+
+    pattern: str
+    text: str  # the key=value part, parsed against the defaults when a case matches
+    line: str
+
+    @classmethod
+    def parse(cls, line: str) -> CaseRule | None:
+        """None for a blank line; ValueError naming the line for anything that would be ignored."""
+        tokens = line.split()  # any whitespace: tabs too
+        if not tokens:
+            return None
+        if "=" in tokens[0]:
+            raise ValueError(
+                f"perf_case_thresholds line {line.strip()!r} has no case-id glob before {tokens[0]!r}"
+            )
+        if len(tokens) == 1:
+            raise ValueError(
+                f"perf_case_thresholds line {line.strip()!r} sets no threshold (glob step=0.08 ...)"
+            )
+        rest = " ".join(tokens[1:])
+        Thresholds.parse_overrides(Thresholds(), rest)  # every key and value checked now
+        return cls(tokens[0], rest, line.strip())
+
+
+def parse_case_rules(lines: Sequence[str]) -> tuple[CaseRule, ...]:
+    return tuple(rule for line in lines if (rule := CaseRule.parse(line)) is not None)
+
+
+def thresholds_for(case_id: str, default: Thresholds, per_case: Sequence[str | CaseRule]) -> Thresholds:
     """Per-case overrides: lines ``<glob> step=0.08 ...``; the last matching line wins."""
     chosen = default
-    for line in per_case:
-        pattern, _, rest = line.strip().partition(" ")
-        if pattern and fnmatch.fnmatchcase(case_id, pattern):
-            chosen = Thresholds.parse_overrides(default, rest)
+    for item in per_case:
+        rule = CaseRule.parse(item) if isinstance(item, str) else item
+        if rule is not None and fnmatch.fnmatchcase(case_id, rule.pattern):
+            chosen = Thresholds.parse_overrides(default, rule.text)
     return chosen
 
 

@@ -3,6 +3,7 @@ parameters, fixtures, pytest-benchmark machine_info, and the terminal summary. H
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 from collections.abc import Callable, Generator
@@ -172,21 +173,30 @@ class PerfState:
         return self._planned
 
     def thresholds(self, device: str, paired: bool = False) -> Any:
-        from scaleguard.compare import Thresholds
+        from dataclasses import replace
+
+        from scaleguard.compare import USER_THRESHOLDS, Thresholds, parse_threshold
 
         thresholds = Thresholds.for_ab(device) if paired else Thresholds.for_device(device)
-        overrides = " ".join(
-            f"{name}={self.option('threshold-' + name)}"
-            for name in ("step", "efficiency", "memory")
-            if self.option("threshold-" + name) is not None
-        )
         try:
-            thresholds = Thresholds.parse_overrides(thresholds, overrides) if overrides else thresholds
-            for line in self.config.getini("perf_case_thresholds"):
-                Thresholds.parse_overrides(thresholds, line.strip().partition(" ")[2])
+            values = {
+                name: parse_threshold(name, str(self.option("threshold-" + name)))
+                for name in USER_THRESHOLDS
+                if self.option("threshold-" + name) is not None
+            }
+            self.case_rules()
         except ValueError as exc:
             raise pytest.UsageError(f"scaleguard: {exc}") from None
-        return thresholds
+        return replace(thresholds, **values)  # type: ignore[arg-type]
+
+    def case_rules(self) -> Any:
+        """``perf_case_thresholds``, parsed once; a line that would be ignored is refused."""
+        from scaleguard.compare import parse_case_rules
+
+        try:
+            return parse_case_rules(list(self.config.getini("perf_case_thresholds")))
+        except ValueError as exc:
+            raise pytest.UsageError(f"scaleguard: {exc}") from None
 
     def count(self, name: str, default: int, lo: int = 0, hi: int = 1000) -> int:
         text = self.option(name)
@@ -213,10 +223,11 @@ class PerfState:
         updating = self.update_baselines()
         if directory.exists() and not directory.is_dir():
             raise pytest.UsageError(f"scaleguard: --perf-baselines {directory} is a file, not a directory")
-        if given and not directory.exists() and not updating:
+        if not directory.exists() and not updating:
             raise pytest.UsageError(
-                f"scaleguard: --perf-baselines {directory} does not exist; every case would be NEW "
-                "and nothing judged. Check the path, or add --perf-update-baselines to create it."
+                f"scaleguard: {'--perf-baselines ' if given else 'the baselines directory '}{directory} "
+                "does not exist; every case would be NEW and nothing judged. Check the path (or pass "
+                "--perf-baselines DIR), or add --perf-update-baselines to create it."
             )
         accept = tuple(self.config.getoption("perf_accept") or ()) + tuple(self.config.getini("perf_accept"))
         reason = self.option("accept-reason")
@@ -233,7 +244,9 @@ class PerfState:
         try:
             if updating:
                 baseline.check_writable(directory)
+                baseline.check_lock(path)
             loaded = baseline.load(path)
+            baseline.check_matches(loaded, key, self.option("baseline-torch"), "--perf-baseline-torch")
         except baseline.BaselineError as exc:
             raise pytest.UsageError(f"scaleguard: {exc}") from exc
         self._baselines = BaselineContext(
@@ -250,7 +263,7 @@ class PerfState:
             },
             torch_pick=self.option("baseline-torch"),
             thresholds=self.thresholds(spec.device),
-            per_case=list(self.config.getini("perf_case_thresholds")),
+            per_case=list(self.case_rules()),
             commit=baseline.git_commit(self.config.rootpath),
             keep_runs=self.count("keep-runs", baseline.DEFAULT_KEEP_RUNS, lo=1),
             accept=accept,
@@ -287,13 +300,10 @@ class PerfState:
             def env(side: str) -> list[tuple[str, str]]:
                 items = list(self.config.getoption(f"perf_ab_env_{side}") or ())
                 items += list(self.config.getini(f"perf_ab_env_{side}"))
-                pairs = []
-                for item in items:
-                    key, sep, value = item.partition("=")
-                    if not sep or not key:
-                        raise pytest.UsageError(f"--perf-ab-env-{side} takes KEY=VALUE, got {item!r}")
-                    pairs.append((key, value))
-                return pairs
+                try:
+                    return ab.parse_env(items, f"--perf-ab-env-{side}")
+                except ab.ABInputError as exc:
+                    raise pytest.UsageError(f"scaleguard: {exc}") from None
 
             if self.update_baselines():
                 raise pytest.UsageError(
@@ -323,7 +333,7 @@ class PerfState:
             device = self.planned()[0].spec.device
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             thresholds = self.thresholds(device, paired=True)
-            per_case = list(self.config.getini("perf_case_thresholds"))
+            per_case = self.case_rules()
 
             def progress(line: str) -> None:
                 if reporter is not None:
@@ -558,6 +568,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         state = session.config.stash[STATE]
         # a broken baseline file stops the run before any case is measured, as a usage error
         state.baseline_context()
+        planned_ids = [p.spec.case_id for p in state.planned()]
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for rule in state.case_rules():
+            if not any(fnmatch.fnmatchcase(case_id, rule.pattern) for case_id in planned_ids):
+                message = (
+                    f"scaleguard: warning: perf_case_thresholds line {rule.line!r} matches no case "
+                    "of this matrix: it changes nothing"
+                )
+                if reporter is not None:
+                    reporter.write_line(message, yellow=True)
         state.selected = tuple(
             item.callspec.params["perf_case"]
             for item in items

@@ -261,6 +261,15 @@ class Fields:
                 raise self.fail(key, f"entry {name!r} is longer than 4096 characters")
         return dict(value)
 
+    def versions(self, key: str) -> dict[str, str | None]:
+        """Versions as the ranks saw them: names to strings or null."""
+        out: dict[str, str | None] = {}
+        for name, item in self.scalars(key).items():
+            if item is not None and not isinstance(item, str):
+                raise self.fail(key, f"entry {name!r} must be a string or null")
+            out[name] = item
+        return out
+
     def floats(self, key: str, lo: float = -math.inf, hi: float = math.inf) -> dict[str, float]:
         """An object of finite numbers in [lo, hi] (timestamps, phase seconds)."""
         out = {}
@@ -410,7 +419,7 @@ class RankResult:
             peak_mem_bytes=int(f.integer("peak_mem_bytes") or 0),
             mem_kind=f.string("mem_kind"),
             device_name=f.string("device_name"),
-            runtime=f.scalars("runtime"),
+            runtime=f.versions("runtime"),
             settings=f.scalars("settings"),
             measure_start_unix=float(f.number("measure_start_unix", optional=True) or 0.0),
             measure_end_unix=float(f.number("measure_end_unix", optional=True) or 0.0),
@@ -543,7 +552,7 @@ class RunResult:
             warmup_steps=int(f.integer("warmup_steps", 0, 1_000_000) or 0),
             steady=f.flag("steady", True),
             device_name=f.string("device_name"),
-            runtime=f.scalars("runtime"),
+            runtime=f.versions("runtime"),
             settings=f.scalars("settings"),
             notes=tuple(str(n) for n in f.items("notes", optional=True)),
             machine_state=f.raw_dict("machine_state", optional=True),

@@ -150,7 +150,8 @@ def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence
 def render(tables: Sequence[Table], width: int = 120) -> str:
     """Render rich tables to plain text for pytest's terminal reporter."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=False, color_system=None)
+    # markup off: case ids and versions come from files and may hold "[/]"
+    console = Console(file=buffer, width=width, force_terminal=False, color_system=None, markup=False)
     for table in tables:
         console.print(table)
     return buffer.getvalue()
@@ -258,22 +259,32 @@ def compare_table(rows: Rows, old_label: str, new_label: str) -> Table:
     return table
 
 
+def md_cell(text: str) -> str:
+    """Text from files inside a markdown table row: one line, no column breaks, no HTML."""
+    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def plot_text(text: str) -> str:
+    """Text for matplotlib, whose '$' starts math mode (an unbalanced one raises)."""
+    return str(text).replace("$", r"\$")
+
+
 def compare_markdown(rows: Rows, old_label: str, new_label: str) -> str:
     counts = {s: sum(v.status is s for _, v in rows) for s in Status}
     lines = [
-        f"### scaleguard: {old_label} → {new_label}",
+        f"### scaleguard: {md_cell(old_label)} → {md_cell(new_label)}",
         "",
         ", ".join(f"**{n}** {s.value}" for s, n in counts.items() if n),
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "---|" * len(HEADERS),
     ]
-    lines += ["| " + " | ".join(compare_cells(n, v)) + " |" for n, v in rows]
+    lines += ["| " + " | ".join(map(md_cell, compare_cells(n, v))) + " |" for n, v in rows]
     lines += ["", "spread: run-to-run spread used; * assumed (young baseline)"]
     stories = [v.story for _, v in rows if v.status is not Status.OK]
     if stories:
         lines += ["", "<details><summary>details</summary>", ""]
-        lines += [f"- {story}" for story in stories] + ["", "</details>"]
+        lines += [f"- {md_cell(story)}" for story in stories] + ["", "</details>"]
     return "\n".join(lines) + "\n"
 
 
@@ -302,24 +313,29 @@ def compare_plot(
                 xs, ys = zip(*points, strict=True)
                 max_ws = max(max_ws, *xs)
                 ax_speed.plot(
-                    xs, ys, style, marker="o", color=colors(index % 10), label=group if run is new else None
+                    xs,
+                    ys,
+                    style,
+                    marker="o",
+                    color=colors(index % 10),
+                    label=plot_text(group) if run is new else None,
                 )
     ax_speed.plot([1, max_ws], [1, max_ws], ":", color="grey", label="ideal")
     ax_speed.set_xlabel("world size")
     ax_speed.set_ylabel("speedup over world size 1")
-    ax_speed.set_title(f"scaling (dashed: {old_label}; solid: {new_label})", fontsize=9)
+    ax_speed.set_title(plot_text(f"scaling (dashed: {old_label}; solid: {new_label})"), fontsize=9)
     ax_speed.legend(fontsize=6)
     cases = sorted(new)
     rows_y = list(range(len(cases)))
     for offset, run, label in ((0.2, old, old_label), (-0.2, new, new_label)):
         rates = [run[c].samples_per_s() if c in run else 0.0 for c in cases]
-        ax_rate.barh([y + offset for y in rows_y], rates, height=0.4, label=label)
+        ax_rate.barh([y + offset for y in rows_y], rates, height=0.4, label=plot_text(label))
         for y, case in zip(rows_y, cases, strict=True):
             if case in run:
                 batch = run[case].config.get("global_batch") or 0
                 dots = [batch / r.median_s for r in run[case].evidence] if batch else []
                 ax_rate.plot(dots, [y + offset] * len(dots), "k.", markersize=3)
-    ax_rate.set_yticks(rows_y, cases, fontsize=6)
+    ax_rate.set_yticks(rows_y, [plot_text(c) for c in cases], fontsize=6)
     ax_rate.set_xlabel("samples/s (dots: single runs)")
     ax_rate.set_title("throughput per case")
     ax_rate.legend(fontsize=7)
@@ -386,16 +402,16 @@ def ab_markdown(session: Any) -> str:
     for row in rows:
         counts[row[-1]] = counts.get(row[-1], 0) + 1
     lines = [
-        f"### {ab_header(session)}",
+        f"### {md_cell(ab_header(session))}",
         "",
         ", ".join(f"**{n}** {s}" for s, n in sorted(counts.items())),
         "",
     ]
     lines += ["| " + " | ".join(AB_HEADERS) + " |", "|" + "---|" * len(AB_HEADERS)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(map(md_cell, r)) + " |" for r in rows]
     stories = [v.story for v in session.verdicts.values() if v.status != "SAME" or v.dropped]
     if stories:
-        lines += ["", "<details><summary>details</summary>", ""] + [f"- {s}" for s in stories]
+        lines += ["", "<details><summary>details</summary>", ""] + [f"- {md_cell(s)}" for s in stories]
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 
@@ -423,9 +439,9 @@ def ab_plot(session: Any, path: Path) -> None:
             fmt="o", color=colors.get(verdict.status, "black"), capsize=3,
         )  # fmt: skip
     ax.axvline(0, color="grey", linewidth=0.8)
-    ax.set_yticks(range(len(cases)), cases, fontsize=7)
+    ax.set_yticks(range(len(cases)), [plot_text(c) for c in cases], fontsize=7)
     ax.set_xlabel("B vs A step time, % (dots: single pairs; bars: 95 % CI)")
-    ax.set_title(ab_header(session), fontsize=7)
+    ax.set_title(plot_text(ab_header(session)), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -12,4 +12,5 @@ PERF_TEST = (Path(__file__).parents[2] / "perf" / "test_train_step.py").read_tex
 @pytest.fixture
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(test_train_step=PERF_TEST)
+    pytester.mkdir("baselines")  # a checkout has it: a missing one is a usage error
     return pytester
