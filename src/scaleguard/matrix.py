@@ -105,8 +105,10 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         bad = [c for c in chosen if c not in allowed]
         if bad:
             raise ValueError(f"unknown {name} {bad}; choose from {', '.join(allowed)}")
-    cpu_ws_max = max(world_sizes)
-    threads = options.threads_per_rank or max(1, cpu_count // cpu_ws_max)
+    # threads per rank define a configuration: they come from the world sizes that can run
+    # here, never from one that is listed only to show it cannot (ws2 on a one-GPU runner)
+    runnable = [ws for ws in world_sizes if device == "cpu" or ws <= gpus.count] or [1]
+    threads = options.threads_per_rank or max(1, cpu_count // max(runnable))
     steps = options.steps or (30 if device == "cpu" else 50)
     warmup_min = options.warmup or (5 if device == "cpu" else 10)
     settings = RunSettings(
@@ -140,6 +142,14 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
             continue  # a collective: one message size, one process per rank, at least two ranks
         if mode == "single" and ws != 1:
             continue
+        if mode == "dp" and ws == 1:
+            continue  # DataParallel around one device is `single` plus a wrapper: no question
+        if scaling not in mdef.scalings and inputs != "loader" and not mdef.is_collective:
+            continue
+        if inputs == "loader" and (mode != "ddp" or (device == "cuda" and precision != "bf16")):
+            # the input pipeline's question (DataLoader + DistributedSampler keeping up) is
+            # asked once per model: one process per device, at the precision that feeds fastest
+            continue
         global_batch = mdef.strong_global_batch if scaling == "strong" else mdef.weak_per_rank_batch * ws
         # values were validated against the Literal choices above
         fields: dict[str, Any] = dict(
@@ -157,6 +167,26 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         spec = CaseSpec(**fields)
         planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
     return planned
+
+
+def describe(planned: list[PlannedCase], gpus: GpuInventory) -> list[str]:
+    """The session header: world sizes that run and those that cannot, with the reason."""
+    if not planned:
+        return []
+    spec = planned[0].spec
+    sizes = sorted({p.spec.world_size for p in planned})
+    ran = sorted({p.spec.world_size for p in planned if p.skip_reason is None})
+    lines = [
+        f"scaleguard: {spec.device} ({gpus.count} GPU{'s' if gpus.count != 1 else ''} visible), "
+        f"profile {spec.profile}, {spec.settings.threads_per_rank} threads per rank; "
+        f"world sizes run: {', '.join(map(str, ran)) or 'none'}"
+    ]
+    for ws in sizes:
+        if ws in ran:
+            continue
+        reasons = sorted({p.skip_reason for p in planned if p.spec.world_size == ws and p.skip_reason})
+        lines.append(f"scaleguard: world size {ws} cannot run here: {reasons[0] if reasons else 'no case'}")
+    return lines
 
 
 def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | None:

@@ -419,6 +419,7 @@ class PerfState:
             device,
             repeats=self.count("repeats", 1, lo=1, hi=100),
             confirm=self.count("confirm", Schedule.for_device(device).confirm, hi=100),
+            anatomy_on_every_run=self.update_baselines(),
         )
 
     def flag(self, dest: str) -> bool:
@@ -516,6 +517,20 @@ def pytest_configure(config: pytest.Config) -> None:
         _check_data_root(state.option("data-root"))
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return []
+    try:
+        planned = state.planned()
+    except pytest.UsageError:
+        return []
+    from scaleguard.env import gpu_inventory
+    from scaleguard.matrix import describe
+
+    return describe(planned, gpu_inventory())
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -696,9 +711,8 @@ def pytest_terminal_summary(
     terminalreporter.write(report.render(report.scaling_tables(ledger), width))
     for case_id, reason in ledger.failures.items():
         terminalreporter.write_line(f"FAILED {case_id}: {reason}")
-    for verdict in ledger.verdicts.values():
-        if verdict.status.value != "OK":
-            terminalreporter.write_line(verdict.story)
+    for line in report.verdict_lines(list(ledger.verdicts.values())):
+        terminalreporter.write_line(line)
     for line in report.disturbance_lines(ledger):
         terminalreporter.write_line(line)
     import time

@@ -175,6 +175,26 @@ def time_lines(ledger: Ledger, suite_wall_s: float) -> list[str]:
     ]
 
 
+def verdict_lines(verdicts: Sequence[Verdict]) -> list[str]:
+    """Stories of the cases that are not OK; NEW cases that share a reason (no entry, a
+    configuration field that differs) are said once, with what records them."""
+    lines = []
+    new: dict[str, list[str]] = {}
+    for verdict in verdicts:
+        if verdict.status is Status.NEW:
+            reason = verdict.story.split(" NEW: ", 1)[-1].replace(verdict.case_id, "<case>")
+            new.setdefault(reason, []).append(verdict.case_id)
+        elif verdict.status is not Status.OK:
+            lines.append(verdict.story)
+    for reason, cases in new.items():
+        if len(cases) == 1:
+            lines.append(f"{cases[0]} NEW: {reason.replace('<case>', cases[0])}")
+            continue
+        shown = ", ".join(cases[:4]) + (f" and {len(cases) - 4} more" if len(cases) > 4 else "")
+        lines.append(f"{len(cases)} cases NEW: {reason}; --perf-update-baselines records them ({shown})")
+    return lines
+
+
 def disturbance_lines(ledger: Ledger) -> list[str]:
     """Cases with runs set aside because the machine was busy, and who kept it busy."""
     lines: list[str] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scaleguard import runner
@@ -44,11 +44,22 @@ class Schedule:
     # until a clean run is seen: a machine busy all night would otherwise cost every case
     # (1 + retries) runs and the pauses (18 min instead of 2 for the CPU suite beside a hog)
     busy_cases_before_giving_up: int = 2
+    # the step anatomy (a profiled step and phased steps) explains a change: a night's first
+    # run of a case that turns out OK never needs it, so it is taken on confirm runs, and on
+    # every run of a recording session (a baseline's anatomy is what a later story diffs)
+    anatomy_on_every_run: bool = False
 
     @classmethod
-    def for_device(cls, device: str, repeats: int | None = None, confirm: int | None = None) -> Schedule:
+    def for_device(
+        cls,
+        device: str,
+        repeats: int | None = None,
+        confirm: int | None = None,
+        anatomy_on_every_run: bool = False,
+    ) -> Schedule:
         base = cls(quarantine_pause_s=20.0) if device == "cpu" else cls()
         return cls(
+            anatomy_on_every_run=anatomy_on_every_run,
             repeats=repeats if repeats is not None else base.repeats,
             confirm=confirm if confirm is not None else base.confirm,
             confirm_block=base.confirm_block,
@@ -111,7 +122,10 @@ class PerfSession:
         """
         if spec.case_id in self._errors:
             raise self._errors[spec.case_id]
-        self._one_run(spec)
+        first = spec
+        if not self.schedule.anatomy_on_every_run and spec.settings.profile_steps:
+            first = replace(spec, settings=replace(spec.settings, profile_steps=0))
+        self._one_run(first)
         verdict = self.ledger.judge(spec.case_id)
         extra = 0
         while verdict is not None and self._unsettled(verdict, extra) and extra < self.schedule.confirm:

@@ -46,7 +46,7 @@ def test_benchmark_save_holds_the_measured_per_step_samples(
         "--benchmark-save-data",
         f"--benchmark-storage=file://{storage}",
     )
-    result.assert_outcomes(passed=3, skipped=2)
+    result.assert_outcomes(passed=3, skipped=1)  # dp-ws2; DataParallel at ws1 is not a case
     result.stdout.fnmatch_lines(
         ["*scaleguard scaling*", "*transformer_tiny-ddp-fp32-strong*", "*DataParallel needs CUDA devices*"]
     )

@@ -5,7 +5,7 @@ import pytest
 from scaleguard.case import CaseSpec
 from scaleguard.env import GpuInventory
 from scaleguard.faults import FaultSpec
-from scaleguard.matrix import MatrixOptions, default_world_sizes, parse_world_sizes, plan
+from scaleguard.matrix import MatrixOptions, default_world_sizes, describe, parse_world_sizes, plan
 
 NO_GPU = GpuInventory(0, ())
 ONE_GPU = GpuInventory(1, ("NVIDIA H200",))
@@ -127,3 +127,25 @@ def test_no_overlap_bound_from_gradient_bytes_and_bus_bandwidth() -> None:
     assert comm == pytest.approx(1.0) and bound == pytest.approx(0.5)
     comm8, _ = no_overlap_bound(10**9, 1e9, 8, per_rank_batch=16, ws1_samples_per_s=16.0)
     assert comm8 == pytest.approx(1.75)  # 2(n-1)/n of the buffer crosses each link
+
+
+def test_one_gpu_runner_threads_come_from_the_world_sizes_that_run() -> None:
+    one = GpuInventory(1, ("NVIDIA H200",))
+    planned = plan(MatrixOptions(), one, cpu_count=16)  # default world sizes 1, 2: 2 cannot run
+    assert {p.spec.settings.threads_per_rank for p in planned} == {16}
+    header = describe(planned, one)
+    assert "16 threads per rank; world sizes run: 1" in header[0]
+    assert header[1] == "scaleguard: world size 2 cannot run here: needs 2 CUDA devices, 1 visible"
+
+
+def test_every_case_asks_its_own_question() -> None:
+    eight = GpuInventory(8, ("NVIDIA H200",) * 8)
+    planned = plan(MatrixOptions(), eight, cpu_count=128)
+    specs = [p.spec for p in planned]
+    assert not [s for s in specs if s.mode == "dp" and s.world_size == 1]  # single plus a wrapper
+    loaders = [s for s in specs if s.inputs == "loader"]
+    assert loaders and {(s.mode, s.precision, s.scaling) for s in loaders} == {("ddp", "bf16", "weak")}
+    assert not [
+        s for s in specs if s.model == "resnet50_cifar" and s.scaling == "weak" and s.inputs != "loader"
+    ]
+    assert len({s.case_id for s in specs}) == len(specs)

@@ -225,3 +225,27 @@ def test_a_failing_reference_run_costs_the_reference_not_the_case_being_confirme
     assert runs.count("ws1") == 2 and runs.count("ws2") >= 3  # one reference try, then ws2 alone
     assert any("a reference run failed" in line for line in lines), lines
     assert ws1.case_id in perf.ledger.failures
+
+
+@pytest.mark.parametrize("recording", [False, True])
+def test_the_anatomy_is_taken_on_confirm_runs_and_on_every_recorded_run(
+    tmp_path: Path, recording: bool
+) -> None:
+    profiled: list[int] = []
+
+    class Spy(FakeLauncher):
+        def __call__(self, spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunResult:
+            profiled.append(spec.settings.profile_steps)
+            return super().__call__(spec, run_dir, timeout_s)
+
+    fake = Spy({A.case_id: [0.3], B.case_id: [0.1]})  # A 3x slower than its baseline: confirm runs
+    perf, _ = session(tmp_path, fake, {A.case_id: 0.1, B.case_id: 0.1},
+                      schedule=replace(DEFAULT, anatomy_on_every_run=recording))  # fmt: skip
+    assert perf.measure(B).status is Status.OK
+    assert perf.measure(A).status is Status.REGRESSED
+    steps = A.settings.profile_steps
+    assert steps > 0
+    if recording:
+        assert profiled == [steps] * len(profiled)
+    else:  # B's only run and A's first run go without; A's confirm runs explain the change
+        assert profiled[:2] == [0, 0] and profiled[2:] == [steps] * (len(profiled) - 2) and len(profiled) > 2

@@ -172,3 +172,27 @@ def test_per_case_threshold_overrides() -> None:
     assert thresholds_for("m-ddp-ws4-fp32-strong", CUDA, lines).step == CUDA.step
     with pytest.raises(ValueError, match="unknown threshold"):
         Thresholds.parse_overrides(CUDA, "speed=1")
+
+
+def test_new_cases_with_one_reason_are_said_once() -> None:
+    from scaleguard.compare import Verdict
+    from scaleguard.report import verdict_lines
+
+    verdicts = [
+        Verdict(
+            f"c{i}",
+            Status.NEW,
+            f"c{i} NEW: configuration differs from the baseline (threads_per_rank 16 -> 8); not compared",
+        )
+        for i in range(6)
+    ] + [
+        Verdict("r", Status.REGRESSED, "r REGRESSED: +9%"),
+        Verdict("n", Status.NEW, "n NEW: no baseline entry for n"),
+    ]
+    lines = verdict_lines(verdicts)
+    assert lines[0] == "r REGRESSED: +9%"
+    assert lines[1].startswith(
+        "6 cases NEW: configuration differs from the baseline (threads_per_rank 16 -> 8)"
+    )
+    assert "--perf-update-baselines records them (c0, c1, c2, c3 and 2 more)" in lines[1]
+    assert lines[2] == "n NEW: no baseline entry for n" and len(lines) == 3
