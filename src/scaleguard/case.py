@@ -54,6 +54,9 @@ class RunSettings:
     target_median_ci: float = 0.0
     # step anatomy (scaleguard.anatomy): phased steps after the measured ones; 0 turns it off
     profile_steps: int = 3
+    # test mode (--perf-share-gpu): ranks share the visible GPUs round-robin over gloo, so the
+    # multi-rank CUDA path runs on a one-GPU machine; never a scaling figure, never recorded
+    shared_gpu: bool = False
 
     @classmethod
     def from_fields(cls, f: Fields) -> RunSettings:

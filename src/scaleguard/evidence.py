@@ -39,6 +39,8 @@ def config_of(spec: dict[str, Any]) -> dict[str, Any]:
         "channels_last": settings["channels_last"],
         "cudnn_benchmark": settings["cudnn_benchmark"],
         "allow_tf32": settings["allow_tf32"],
+        # only when on: every baseline recorded before the test mode existed keeps matching
+        **({"shared_gpu": True} if settings.get("shared_gpu") else {}),
     }
 
 

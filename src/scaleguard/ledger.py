@@ -128,7 +128,8 @@ class Ledger:
     def evidence(self, case_id: str) -> CaseEvidence:
         """This session's runs of ``case_id``, with speedup and efficiency per run."""
         spec = self.specs[case_id]
-        reference = self.ws1_samples_per_s(spec.group_id)
+        # ranks sharing a GPU (test mode) measure contention, not scaling: no efficiency
+        reference = None if spec.settings.shared_gpu else self.ws1_samples_per_s(spec.group_id)
         runs = self.records[case_id]
         if reference is not None:
             runs = [

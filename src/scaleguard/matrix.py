@@ -33,6 +33,7 @@ class MatrixOptions:
     data_root: str | None = None
     loader_workers: int | None = None
     profile_steps: int | None = None
+    shared_gpu: bool = False  # test mode: ranks share the GPUs (gloo); never a scaling figure
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
             raise ValueError(f"unknown {name} {bad}; choose from {', '.join(allowed)}")
     # threads per rank define a configuration: they come from the world sizes that can run
     # here, never from one that is listed only to show it cannot (ws2 on a one-GPU runner)
-    runnable = [ws for ws in world_sizes if device == "cpu" or ws <= gpus.count] or [1]
+    runnable = [ws for ws in world_sizes if device == "cpu" or options.shared_gpu or ws <= gpus.count] or [1]
     threads = options.threads_per_rank or max(1, cpu_count // max(runnable))
     steps = options.steps or (30 if device == "cpu" else 50)
     warmup_min = options.warmup or (5 if device == "cpu" else 10)
@@ -129,6 +130,7 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         else (0 if device == "cpu" else 4),
         data_root=options.data_root,
         profile_steps=3 if options.profile_steps is None else options.profile_steps,
+        shared_gpu=options.shared_gpu and device == "cuda",
     )
     planned: list[PlannedCase] = []
     combos = itertools.product(
@@ -142,6 +144,8 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
             continue  # a collective: one message size, one process per rank, at least two ranks
         if mode == "single" and ws != 1:
             continue
+        if options.precisions is None and precision not in mdef.precisions:
+            continue  # the model's default precisions; an explicit list is taken as asked
         if mode == "dp" and ws == 1:
             continue  # DataParallel around one device is `single` plus a wrapper: no question
         if scaling not in mdef.scalings and inputs != "loader" and not mdef.is_collective:
@@ -193,7 +197,9 @@ def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | No
     """Why ``spec`` cannot run here, decided before any process is spawned."""
     if spec.mode == "dp" and spec.device != "cuda":
         return "DataParallel needs CUDA devices (>= 2 to parallelise); this run is on cpu"
-    if spec.device == "cuda" and spec.world_size > gpus.count:
+    if spec.settings.shared_gpu and spec.mode == "dp":
+        return "--perf-share-gpu runs one process per rank; DataParallel needs a device per replica"
+    if spec.device == "cuda" and spec.world_size > gpus.count and not spec.settings.shared_gpu:
         # NCCL with two ranks on one GPU fails with "Duplicate GPU detected": never try
         return f"needs {spec.world_size} CUDA devices, {gpus.count} visible"
     if spec.device == "cpu" and spec.world_size * spec.settings.threads_per_rank > cpu_count:

@@ -31,6 +31,9 @@ class ModelDef:
     # scalings with a question behind them: a 32-px ResNet-50 is host-launch-bound at any
     # batch, so its weak cases repeat what its strong ones ask
     scalings: tuple[str, ...] = ("strong", "weak")
+    # precisions the default matrix measures (an explicit --perf-precisions overrides): a GPU
+    # transformer is trained in bf16; its fp32 (TF32) matmuls are the conv nets' question too
+    precisions: tuple[str, ...] = ("fp32", "bf16")
 
     @property
     def is_collective(self) -> bool:
@@ -118,6 +121,7 @@ MODELS: dict[str, ModelDef] = {
             vocab=30522,
             strong_global_batch=128,
             weak_per_rank_batch=32,
+            precisions=("bf16",),
         ),
         ModelDef(
             "resnet18_cifar",

@@ -159,6 +159,7 @@ class PerfState:
             data_root=self.option("data-root"),
             loader_workers=integer("loader-workers"),
             profile_steps=integer("profile-steps"),
+            shared_gpu=self.flag("perf_share_gpu"),
         )
 
     def planned(self) -> list[Any]:
@@ -235,6 +236,11 @@ class PerfState:
             raise pytest.UsageError(
                 "scaleguard: --perf-accept needs --perf-accept-reason TEXT: why these cases are "
                 "recorded although not OK (stored with their runs)"
+            )
+        if updating and self.flag("perf_share_gpu"):
+            raise pytest.UsageError(
+                "scaleguard: --perf-share-gpu is a test mode (ranks share GPUs): its numbers are "
+                "never written into a baseline; drop --perf-update-baselines"
             )
         if accept and not updating:
             raise pytest.UsageError(
@@ -453,6 +459,11 @@ _FLAGS = (
         "no-load-check",
         "do not watch for other processes' CPU/GPU load during runs (a busy machine is then "
         "judged like a quiet one)",
+    ),
+    (
+        "share-gpu",
+        "test mode: ranks of world sizes above the GPU count share the GPUs round-robin over gloo "
+        "(exercises multi-rank CUDA on one GPU; never a scaling figure, never recorded)",
     ),
     (
         "isolate",

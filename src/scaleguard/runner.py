@@ -33,6 +33,10 @@ def run_once(
         launcher.CaseFailedError: a rank raised, died, hung or left no result.
     """
     gpus = spec.world_size if spec.device == "cuda" else 0
+    if spec.settings.shared_gpu:  # ranks share the GPUs: watch the devices that exist
+        from scaleguard.env import gpu_inventory
+
+        gpus = min(gpus, gpu_inventory().count)
     monitor = machine_state.CaseMonitor(gpus)
     load = foreign_load.LoadMonitor()
 

@@ -137,12 +137,13 @@ def _apply_settings(spec: CaseSpec) -> dict[str, Any]:
 def _device_for(spec: CaseSpec, local_rank: int) -> torch.device:
     if spec.device == "cpu":
         return torch.device("cpu")
-    if torch.cuda.device_count() < (spec.world_size if spec.mode == "dp" else local_rank + 1):
+    count = torch.cuda.device_count()
+    index = local_rank % max(count, 1) if spec.settings.shared_gpu else local_rank
+    if count < (spec.world_size if spec.mode == "dp" else index + 1):
         raise RuntimeError(
-            f"{spec.case_id}: rank needs cuda:{local_rank}, but only "
-            f"{torch.cuda.device_count()} CUDA devices are visible"
+            f"{spec.case_id}: rank needs cuda:{index}, but only {count} CUDA devices are visible"
         )
-    device = torch.device("cuda", local_rank)
+    device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
 
@@ -484,12 +485,14 @@ def _join(member: Membership, spec: CaseSpec, device: torch.device) -> None:
         if member.store_path is None
         else {"store": dist.FileStore(member.store_path, member.world_size)}  # type: ignore[attr-defined]
     )
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); gloo carries CUDA tensors
+    nccl = spec.device == "cuda" and not spec.settings.shared_gpu
     dist.init_process_group(
-        "nccl" if spec.device == "cuda" else "gloo",
+        "nccl" if nccl else "gloo",
         rank=member.rank,
         world_size=member.world_size,
         timeout=datetime.timedelta(seconds=120),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device if nccl else None,
         **rendezvous,
     )
 

@@ -134,3 +134,8 @@ def test_the_workflow_report_step_survives_a_compare_that_exits_2(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr
     assert "exited 2 without a report" in summary.read_text() and "bad input: x" in summary.read_text()
+
+
+def test_shared_gpu_numbers_are_never_recorded(suite: pytest.Pytester) -> None:
+    result = suite.runpytest_subprocess(*COLLECT, "--perf-share-gpu", "--perf-update-baselines")
+    _usage_error(result, "never written into a baseline")
