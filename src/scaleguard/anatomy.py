@@ -101,6 +101,7 @@ class PhasedStep:
     phases: Callable[[bool], dict[str, float]]
     can_skip_sync: bool
     grad_bytes: int = 0
+    flops_per_step: float = 0.0  # this process's training FLOPs per step (scaleguard.flops)
 
 
 def measure(

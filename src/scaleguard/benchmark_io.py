@@ -22,7 +22,14 @@ from scaleguard.stats import StepSummary
 MODE_LABEL = "scaleguard: steps timed inside worker processes"
 
 
-def extra_info(results: list[RunResult], evidence: CaseEvidence, verdict: Verdict | None) -> dict[str, Any]:
+def extra_info(
+    results: list[RunResult],
+    evidence: CaseEvidence,
+    verdict: Verdict | None,
+    peak_tflops: float | None = None,
+) -> dict[str, Any]:
+    from scaleguard.report import throughput
+
     last = results[-1]
     spec = last.spec
     info: dict[str, Any] = {
@@ -52,6 +59,9 @@ def extra_info(results: list[RunResult], evidence: CaseEvidence, verdict: Verdic
         "settings": last.settings,
         "notes": sorted({n for r in results for n in r.notes}),
         "machine_state": [r.machine_state for r in results],
+        # samples/s, tokens/s per GPU, TFLOPS per GPU, MFU (null where the peak is unknown)
+        "throughput": throughput(spec, evidence, last.device_name, peak_tflops),
+        "workload": spec.workload or None,
     }
     if verdict is not None:
         info["verdict"] = verdict.status.value
@@ -59,7 +69,13 @@ def extra_info(results: list[RunResult], evidence: CaseEvidence, verdict: Verdic
     return info
 
 
-def record(benchmark: Any, results: list[RunResult], evidence: CaseEvidence, verdict: Verdict | None) -> None:
+def record(
+    benchmark: Any,
+    results: list[RunResult],
+    evidence: CaseEvidence,
+    verdict: Verdict | None,
+    peak_tflops: float | None = None,
+) -> None:
     """Store the case's measured steps (every run of this session, in order) as the
     benchmark's rounds, and the runs themselves in ``extra_info``."""
     if getattr(benchmark, "disabled", False):
@@ -71,7 +87,7 @@ def record(benchmark: Any, results: list[RunResult], evidence: CaseEvidence, ver
     for result in results:
         for step_s in result.step_s:
             stats.update(step_s)
-    benchmark.extra_info.update(extra_info(results, evidence, verdict))
+    benchmark.extra_info.update(extra_info(results, evidence, verdict, peak_tflops))
 
 
 def update_machine_info(

@@ -99,6 +99,9 @@ class CaseSpec:
     global_batch: int
     settings: RunSettings
     schema_version: int = SCHEMA_VERSION
+    # where the rank imports the workload from ("package.module:attr", "#i" for the i-th of a
+    # list); empty for a built-in, found by ``model``
+    workload: str = ""
 
     @property
     def case_id(self) -> str:
@@ -168,7 +171,14 @@ class CaseSpec:
             profile=choice("profile", PROFILES),
             global_batch=int(f.integer("global_batch", 1, MAX_BATCH) or 1),
             settings=RunSettings.from_fields(f.obj("settings")),
+            workload=f.text("workload", optional=True) or "",
         )
+        from scaleguard.workload import REF
+
+        if spec.workload and not REF.fullmatch(spec.workload):
+            raise f.fail(
+                "workload", f"is {spec.workload[:60]!r}, not an import path package.module:attribute"
+            )
         if spec.mode == "single" and spec.world_size != 1:
             raise f.fail("world_size", f"is {spec.world_size}; a single-device case has world size 1")
         if spec.is_distributed and spec.global_batch % spec.nprocs:

@@ -39,8 +39,9 @@ def config_of(spec: dict[str, Any]) -> dict[str, Any]:
         "channels_last": settings["channels_last"],
         "cudnn_benchmark": settings["cudnn_benchmark"],
         "allow_tf32": settings["allow_tf32"],
-        # only when on: every baseline recorded before the test mode existed keeps matching
+        # only when on or set: every baseline recorded before these existed keeps matching
         **({"shared_gpu": True} if settings.get("shared_gpu") else {}),
+        **({"workload": spec["workload"]} if spec.get("workload") else {}),
     }
 
 
@@ -71,6 +72,7 @@ class RunRecord:
     phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall time went
     anatomy: Anatomy | None = None  # where a step's time went (scaleguard.anatomy)
     process_runs_before: int = 0  # runs its processes made before it (0: fresh processes)
+    flops_per_step: float = 0.0  # one process's training FLOPs per step (scaleguard.flops)
 
     @property
     def median_s(self) -> float:
@@ -104,6 +106,7 @@ class RunRecord:
                 else None
             ),
             process_runs_before=result.process_runs_before,
+            flops_per_step=result.flops_per_step,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,6 +147,7 @@ class RunRecord:
                 else None
             ),
             process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
+            flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
         )
 
 
@@ -199,6 +203,18 @@ class CaseEvidence:
             return global_batch / self.median_s()
         rates = [r.samples_per_s for r in self.evidence or self.runs]
         return float(np.mean(rates))
+
+    def flops_per_step(self) -> float:
+        flops = [r.flops_per_step for r in self.evidence or self.runs if r.flops_per_step > 0]
+        return float(np.median(flops)) if flops else 0.0
+
+    def tflops_per_gpu(self) -> float:
+        """Achieved training TFLOPS per GPU (per process on CPU) at the case's step time."""
+        from scaleguard.flops import achieved
+
+        mode = str(self.config.get("mode"))
+        nprocs = self.world_size if mode in ("ddp", "fsdp", "compile") else 1
+        return achieved(self.flops_per_step(), self.median_s(), nprocs, self.world_size)
 
     def efficiency(self) -> float | None:
         effs = self.efficiencies()

@@ -12,7 +12,8 @@ from typing import Any
 
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
 from scaleguard.env import GpuInventory
-from scaleguard.models import DEFAULT_MODELS, get_model_def
+from scaleguard.models import DEFAULT_MODELS
+from scaleguard.workload import Registry
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class MatrixOptions:
     loader_workers: int | None = None
     profile_steps: int | None = None
     shared_gpu: bool = False  # test mode: ranks share the GPUs (gloo); never a scaling figure
+    workloads: tuple[str, ...] = ()  # --perf-workloads: import paths of the user's workloads
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     so world size 1 is measured before the cases whose speedup it anchors)."""
     device = resolve_device(options.device, gpus)
     profile = options.profile if options.profile != "auto" else ("full" if device == "cuda" else "smoke")
-    models = options.models or DEFAULT_MODELS[profile]
+    registry = Registry(options.workloads)  # WorkloadError (a ValueError) names a bad one
+    # a team that names its own workloads wants them measured; built-ins by --perf-models
+    models = options.models or tuple(registry.user) or DEFAULT_MODELS[profile]
     world_sizes = options.world_sizes or default_world_sizes(device, gpus.count)
     precisions = options.precisions or (("fp32", "bf16") if device == "cuda" else ("fp32",))
     for name, allowed in (
@@ -137,8 +141,10 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         models, options.modes, precisions, options.scalings, options.inputs, world_sizes
     )
     for model_name, mode, precision, scaling, inputs, ws in combos:
-        mdef = get_model_def(model_name)
-        if inputs == "loader" and (mdef.kind != "image" or scaling != "weak"):
+        mdef = registry.get(model_name)
+        if mode not in mdef.modes or (inputs not in mdef.inputs):
+            continue
+        if inputs == "loader" and scaling != "weak":
             continue  # the input pipeline is measured per device: image models, weak scaling
         if mdef.is_collective and (mode != "ddp" or scaling != "strong" or inputs != "synthetic" or ws < 2):
             continue  # a collective: one message size, one process per rank, at least two ranks
@@ -167,6 +173,7 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
             profile=profile,
             global_batch=global_batch,
             settings=settings,
+            workload=registry.ref_of.get(model_name, ""),
         )
         spec = CaseSpec(**fields)
         planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
@@ -207,11 +214,13 @@ def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | No
             f"needs {spec.world_size} ranks x {spec.settings.threads_per_rank} threads, "
             f"{cpu_count} CPU cores: it would measure oversubscription, not scaling"
         )
-    mdef = get_model_def(spec.model)
-    if not mdef.is_collective and (
+    from scaleguard.models import BUILTINS
+
+    mdef = BUILTINS.get(spec.model)
+    if (mdef is None or not mdef.is_collective) and (
         spec.global_batch % spec.nprocs or (spec.mode == "dp" and spec.global_batch % spec.world_size)
     ):
         return f"global batch {spec.global_batch} does not split evenly over {spec.world_size} devices"
-    if spec.inputs == "loader" and spec.settings.data_root and mdef.image_px != 32:
+    if spec.inputs == "loader" and spec.settings.data_root and mdef is not None and mdef.image_px != 32:
         return f"--perf-data-root holds CIFAR-10 (32 px); {spec.model} takes {mdef.image_px} px"
     return None

@@ -33,7 +33,19 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
         None,
     ),
     ("modes", "comma list of single,dp,ddp,fsdp,compile (default single,dp,ddp)", None),
-    ("models", "comma list of models (default: the profile's)", None),
+    ("models", "comma list of models (default: the profile's, or the --perf-workloads ones)", None),
+    (
+        "workloads",
+        "your own workloads, comma list of package.module:attribute (a scaleguard.workload.Workload, "
+        "its class, or a list of them); installed packages register theirs under the entry-point "
+        "group scaleguard.workloads",
+        None,
+    ),
+    (
+        "peak-tflops",
+        "the device's dense peak TFLOPS for MFU (default: a table by GPU name and precision; unknown on CPU)",
+        None,
+    ),
     ("precisions", "comma list of fp32,bf16 (default cuda: fp32,bf16; cpu: fp32)", None),
     ("scaling", "comma list of strong,weak (default both)", None),
     (
@@ -160,6 +172,7 @@ class PerfState:
             loader_workers=integer("loader-workers"),
             profile_steps=integer("profile-steps"),
             shared_gpu=self.flag("perf_share_gpu"),
+            workloads=csv("workloads", None) or (),
         )
 
     def planned(self) -> list[Any]:
@@ -224,7 +237,8 @@ class PerfState:
         updating = self.update_baselines()
         if directory.exists() and not directory.is_dir():
             raise pytest.UsageError(f"scaleguard: --perf-baselines {directory} is a file, not a directory")
-        if not directory.exists() and not updating:
+        if not directory.exists() and not updating and self.option("ab-b") is None:
+            # (a paired A/B session judges B against A, never against a baseline)
             raise pytest.UsageError(
                 f"scaleguard: {'--perf-baselines ' if given else 'the baselines directory '}{directory} "
                 "does not exist; every case would be NEW and nothing judged. Check the path (or pass "
@@ -276,6 +290,18 @@ class PerfState:
             accept_reason=reason,
         )
         return self._baselines
+
+    def peak_tflops(self) -> float | None:
+        text = self.option("peak-tflops")
+        if text is None:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not 0 < value <= 1e6:
+            raise pytest.UsageError(f"--perf-peak-tflops takes TFLOPS (e.g. 989), got {text!r}")
+        return value
 
     def foreign_limit(self) -> float | None:
         """Cores of foreign load that disturb a run; None when the check is off."""
@@ -522,6 +548,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.timeout_s()
         state.schedule()
         state.foreign_limit()
+        state.peak_tflops()
         state.ab_sides()  # a missing or torch-less B interpreter is a usage error now
         if state.planned():
             state.thresholds(state.planned()[0].spec.device)
@@ -663,7 +690,13 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             pytest.fail(str(exc), pytrace=False)
         ledger = perf_session.ledger
         evidence = ledger.evidence(spec.case_id)
-        benchmark_io.record(benchmark, ledger.results[spec.case_id], evidence, verdict)
+        benchmark_io.record(
+            benchmark,
+            ledger.results[spec.case_id],
+            evidence,
+            verdict,
+            request.config.stash[STATE].peak_tflops(),
+        )
         if verdict is not None and verdict.failed:
             kept = request.config.stash[STATE].keep_trace(evidence)
             pytest.fail(verdict.story + (f"; trace of the last run: {kept}" if kept else ""), pytrace=False)
@@ -719,7 +752,9 @@ def pytest_terminal_summary(
     ledger = session.ledger
     terminalreporter.section("scaleguard scaling")
     width = max(100, terminalreporter._tw.fullwidth)
-    terminalreporter.write(report.render(report.scaling_tables(ledger), width))
+    terminalreporter.write(
+        report.render(report.scaling_tables(ledger, state.peak_tflops() if state else None), width)
+    )
     for case_id, reason in ledger.failures.items():
         terminalreporter.write_line(f"FAILED {case_id}: {reason}")
     for line in report.verdict_lines(list(ledger.verdicts.values())):

@@ -401,6 +401,7 @@ class RankResult:
     anatomy_lost: str = ""  # why this rank has no anatomy though one was asked for
     pid: int = 0  # the rank's process: two runs of one case never share one (launcher)
     process_runs_before: int = 0  # runs this process made before this one (0: fresh)
+    flops_per_step: float = 0.0  # this process's training FLOPs per step (scaleguard.flops)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -428,6 +429,7 @@ class RankResult:
             anatomy_lost=f.text("anatomy_lost", optional=True) or "",
             pid=int(f.integer("pid", optional=True) or 0),
             process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
+            flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
             schema_version=f.version(),
         )
 
@@ -493,6 +495,7 @@ class RunResult:
     run_id: str = ""  # torchrun: ties the record to the job that wrote it
     anatomy: dict[str, Any] = field(default_factory=dict)  # rank 0's step anatomy, if measured
     process_runs_before: int = 0  # runs its processes made before it (0: fresh; launcher pools)
+    flops_per_step: float = 0.0  # one process's training FLOPs per step (rank 0's count)
     schema_version: int = SCHEMA_VERSION
 
     @classmethod
@@ -527,6 +530,7 @@ class RunResult:
             notes=tuple(notes),
             anatomy={} if lost else ranks[0].anatomy,
             process_runs_before=max(r.process_runs_before for r in ranks),
+            flops_per_step=ranks[0].flops_per_step,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -562,6 +566,7 @@ class RunResult:
             run_id=f.text("run_id", optional=True) or "",
             anatomy=f.raw_dict("anatomy", optional=True),
             process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
+            flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
         )
 
 

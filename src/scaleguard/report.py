@@ -16,7 +16,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.collective import bus_bandwidth, no_overlap_bound
 from scaleguard.compare import Status, Verdict
 from scaleguard.evidence import CaseEvidence
-from scaleguard.models import get_model_def
+from scaleguard.models import BUILTINS
 
 if TYPE_CHECKING:
     from scaleguard.ledger import Ledger
@@ -41,7 +41,56 @@ def fmt_spread(evidence: CaseEvidence) -> str:
     return "-" if spread is None else f"{spread:.1%}"
 
 
-def scaling_tables(ledger: Ledger) -> list[Table]:
+def throughput(spec: CaseSpec, evidence: CaseEvidence, device_name: str,
+               peak_override: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """What people compare: samples/s, tokens/s per GPU, achieved TFLOPS per GPU and MFU
+    (None where the peak of the device is unknown: never guessed)."""
+    from scaleguard.flops import peak_tflops
+    from scaleguard.workload import WorkloadError, resolve
+
+    try:
+        workload = resolve(spec.model, spec.workload)
+        tokens, sample, source = workload.tokens_per_sample, workload.sample, workload.flops_source()
+    except (WorkloadError, ValueError):  # a record of a workload not importable here
+        tokens, sample, source = 0, "samples", "FlopCounterMode"
+    tflops = evidence.tflops_per_gpu()
+    peak = (
+        peak_tflops(device_name, spec.precision, peak_override)
+        if spec.device == "cuda" or peak_override
+        else None
+    )
+    return {
+        "sample": sample,
+        "samples_per_s": evidence.samples_per_s(),
+        "tokens_per_sample": tokens,
+        "tokens_per_s_per_gpu": evidence.samples_per_s() * tokens / spec.world_size if tokens else None,
+        "flops_per_step": evidence.flops_per_step() or None,
+        "flops_source": source,
+        "tflops_per_gpu": tflops or None,
+        "peak_tflops": peak,
+        "mfu": tflops / peak if peak and tflops else None,
+    }
+
+
+def throughput_note(spec: CaseSpec, rates: dict[str, Any]) -> str | None:
+    if not rates["tflops_per_gpu"]:
+        return None
+    parts = []
+    if rates["tokens_per_s_per_gpu"]:
+        parts.append(f"{rates['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU")
+    tflops = rates["tflops_per_gpu"]
+    unit = "GPU" if spec.device == "cuda" else "process"
+    rate = f"{tflops:.1f} TFLOPS" if tflops >= 1 else f"{tflops * 1000:.1f} GFLOPS"
+    parts.append(f"{rate}/{unit} ({rates['flops_source']})")
+    if rates["mfu"] is not None:
+        peak = f"{rates['peak_tflops']:g} TFLOPS ({spec.precision} dense peak)"
+        parts.append(f"MFU {rates['mfu']:.1%} of {peak}")
+    elif spec.device == "cuda":
+        parts.append("MFU not shown: peak of this device unknown (--perf-peak-tflops sets it)")
+    return f"ws{spec.world_size}: " + ", ".join(parts)
+
+
+def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[Table]:
     """Per model/mode/precision/scaling: one row per world size, from this session's runs."""
     groups: dict[str, list[str]] = {}
     for case_id, spec in ledger.specs.items():
@@ -95,6 +144,8 @@ def scaling_tables(ledger: Ledger) -> list[Table]:
                 notes += [f"ws{spec.world_size}: {note}" for note in result.notes]
             notes += collective_notes(spec, evidence)
             notes += bandwidth_bound_notes(ledger, spec, evidence)
+            note = throughput_note(spec, throughput(spec, evidence, device_name, peak_override))
+            notes += [note] if note else []
             anatomies = [r.anatomy for r in runs if r.anatomy]
             if anatomies:
                 notes.append(f"ws{spec.world_size} step anatomy (last run): {anatomy.summary(anatomies[-1])}")
@@ -107,8 +158,8 @@ def scaling_tables(ledger: Ledger) -> list[Table]:
 
 def collective_notes(spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
     """For an all-reduce case: the bandwidth its median step means (nccl-tests' busbw)."""
-    mdef = get_model_def(spec.model)
-    if not mdef.is_collective or not evidence.runs:
+    mdef = BUILTINS.get(spec.model)
+    if mdef is None or not mdef.is_collective or not evidence.runs:
         return []
     algbw, busbw = bus_bandwidth(mdef.message_bytes, evidence.median_s(), spec.world_size)
     return [
@@ -127,9 +178,10 @@ def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence
     if spec.world_size < 2 or spec.mode != "ddp" or not grads or reference is None or not effs:
         return []
     references = [
-        (abs(get_model_def(s.model).message_bytes - 25 * 2**20), s)  # nearest DDP's 25 MiB buckets
+        (abs(BUILTINS[s.model].message_bytes - 25 * 2**20), s)  # nearest DDP's 25 MiB buckets
         for cid, s in ledger.specs.items()
-        if get_model_def(s.model).is_collective
+        if s.model in BUILTINS
+        and BUILTINS[s.model].is_collective
         and s.world_size == spec.world_size
         and s.device == spec.device
         and ledger.records.get(cid)
@@ -138,7 +190,7 @@ def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence
         return []
     _, ref = min(references, key=lambda pair: pair[0])
     ref_ev = ledger.evidence(ref.case_id)
-    _, busbw = bus_bandwidth(get_model_def(ref.model).message_bytes, ref_ev.median_s(), ref.world_size)
+    _, busbw = bus_bandwidth(BUILTINS[ref.model].message_bytes, ref_ev.median_s(), ref.world_size)
     comm, bound = no_overlap_bound(grads[-1], busbw, spec.world_size, spec.per_rank_batch, reference)
     return [
         f"ws{spec.world_size}: efficiency {sum(effs) / len(effs):.2f}; {fmt_bytes(grads[-1])} of gradients "

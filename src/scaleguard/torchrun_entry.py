@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--threads-per-rank", type=int)
+    parser.add_argument("--workloads", default="", help="your workloads, as --perf-workloads takes them")
     args = parser.parse_args(argv)
     try:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         profile=args.profile,
         modes=MODES,
         models=(args.case.split("-", 1)[0],),
+        workloads=tuple(p for p in args.workloads.split(",") if p),
         world_sizes=(world,),
         steps=args.steps,
         warmup=args.warmup,
@@ -63,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     gpus = gpu_inventory()
     # per node: the matrix checks devices against this node's GPUs, not the whole job's
-    matches = [
-        p
-        for p in plan(options, gpus, (os.cpu_count() or 1) * world // local_world)
-        if p.spec.case_id == args.case
-    ]
+    try:
+        planned = plan(options, gpus, (os.cpu_count() or 1) * world // local_world)
+    except ValueError as exc:  # a workload that does not import, an unknown model
+        print(f"scaleguard.torchrun_entry: {exc}", file=sys.stderr)
+        return 2
+    matches = [p for p in planned if p.spec.case_id == args.case]
     if not matches:
         print(f"scaleguard.torchrun_entry: no case {args.case!r} at world size {world}", file=sys.stderr)
         return 2

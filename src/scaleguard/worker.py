@@ -36,9 +36,11 @@ from scaleguard.case import CaseSpec
 from scaleguard.collective import build_allreduce_step
 from scaleguard.env import cpu_model, runtime_versions
 from scaleguard.faults import FaultSpec
-from scaleguard.models import Batch, ModelDef, get_model_def, loader_batches, synthetic_batches
+from scaleguard.flops import count_step_flops
+from scaleguard.models import Batch, synthetic_batches
 from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
 from scaleguard.steady import WarmupPolicy
+from scaleguard.workload import Workload, resolve
 
 _PR_SET_PDEATHSIG = 1
 ANATOMY_PHASE = "step anatomy"  # the status while it runs: the parent reads it (launcher)
@@ -148,7 +150,7 @@ def _device_for(spec: CaseSpec, local_rank: int) -> torch.device:
     return device
 
 
-def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device) -> nn.Module:
+def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device, workload: Workload) -> nn.Module:
     """The only place modes differ: how the model is parallelised."""
     if spec.mode == "single":
         return model
@@ -164,24 +166,20 @@ def _wrap(model: nn.Module, spec: CaseSpec, device: torch.device) -> nn.Module:
     if spec.mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        blocks = [
-            m
-            for m in model.modules()
-            if type(m).__name__ in ("BasicBlock", "Bottleneck", "TransformerEncoderLayer")
-        ]
-        for block in blocks:
+        for block in workload.fsdp_units(model):  # the workload says what its blocks are
             fully_shard(block)
         fully_shard(model)
         return model
     raise ValueError(f"unknown mode {spec.mode!r}")
 
 
-def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) -> Iterator[Batch]:
+def _batches(
+    workload: Workload, spec: CaseSpec, device: torch.device, rank: int, channels_last: bool
+) -> Iterator[Batch]:
     seed = spec.settings.seed + rank  # each rank its own data, like a real sampler gives
     if spec.inputs == "loader":
         world = spec.world_size if spec.is_distributed else 1
-        return loader_batches(
-            mdef,
+        return workload.loader_batches(
             spec.per_rank_batch,
             device,
             rank,
@@ -190,9 +188,7 @@ def _batches(mdef: ModelDef, spec: CaseSpec, device: torch.device, rank: int) ->
             spec.settings.loader_workers,
             spec.settings.data_root,
         )
-    return synthetic_batches(
-        mdef, spec.per_rank_batch, device, seed, channels_last=spec.settings.channels_last
-    )
+    return synthetic_batches(workload, spec.per_rank_batch, device, seed, channels_last=channels_last)
 
 
 def build_train_step(
@@ -202,26 +198,37 @@ def build_train_step(
     instrument: Callable[[nn.Module], None] = lambda model: None,
 ) -> PhasedStep:
     """One full training step as a zero-argument closure returning the detached loss
-    (``.step``), and the same step phase by phase for the anatomy (``.phases``)."""
-    mdef = get_model_def(spec.model)
+    (``.step``), and the same step phase by phase for the anatomy (``.phases``). Everything
+    model-specific comes from the case's workload; nothing here branches on which one."""
+    workload = resolve(spec.model, spec.workload)
     torch.manual_seed(spec.settings.seed)  # identical initial weights on every rank
-    model = mdef.build().to(device)
+    model = workload.build().to(device)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    channels_last = spec.settings.channels_last and mdef.kind == "image"
+    channels_last = spec.settings.channels_last and workload.channels_last
+    dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16")
+
+    batches = _batches(workload, spec, device, rank, channels_last)
+    # FLOPs of one step, once per workload and batch, on the unwrapped model and before
+    # channels_last or wrapping: what the step computes, not how it is laid out
+    formula = workload.flops_per_sample()
+    flops = (
+        formula * spec.per_rank_batch
+        if formula
+        else count_step_flops(
+            (spec.workload or spec.model, spec.per_rank_batch, spec.precision, device.type),
+            model, workload.loss, next(batches), autocast(),
+        )
+    )  # fmt: skip
     # FSDP2 shards only contiguous parameters: conv weights stay NCHW there (inputs are still
     # channels_last, and cuDNN converts), so FSDP conv cases run instead of failing
     if channels_last and spec.mode != "fsdp":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    model = _wrap(model, spec, device)
+    model = _wrap(model, spec, device, workload)
     instrument(model)  # the fault seam (faults.FaultSpec.instrument_model); nothing by default
-    optimizer: torch.optim.Optimizer
-    if mdef.kind == "image":
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    loss_fn = nn.CrossEntropyLoss()
-    batches = _batches(mdef, spec, device, rank)
-    dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
+    optimizer = workload.optimizer(model.parameters())
     # synthetic batches are laid out once when built; loader batches arrive NCHW every step,
     # and converting them is part of the input pipeline being measured
     convert = channels_last and spec.inputs == "loader"
@@ -234,14 +241,16 @@ def build_train_step(
         the anatomy passes ``lap``, its phase boundary, and ``grad_sync=False`` for DDP's
         ``no_sync``, which spans forward and backward since DDP decides in forward whether the
         backward all-reduces. One body for both: the anatomy explains the step that is timed."""
-        inputs, targets = next(batches)
+        batch = next(batches)
         if convert:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
+            batch = tuple(
+                t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in batch
+            )
         if lap:
             lap()
         with contextlib.nullcontext() if grad_sync or no_sync is None else no_sync():
-            with torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16"):
-                loss = loss_fn(model(inputs), targets)
+            with autocast():
+                loss = workload.loss(model, batch)
             if lap:
                 lap()
             loss.backward()
@@ -263,7 +272,9 @@ def build_train_step(
         lap()
         return {n: b - a for n, (a, b) in zip(PHASES, itertools.pairwise(marks), strict=True)}
 
-    return PhasedStep(step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes)
+    return PhasedStep(
+        step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes, flops_per_step=flops
+    )
 
 
 def _drained(device: torch.device) -> float:
@@ -288,10 +299,10 @@ def _build_step(
 ) -> tuple[Callable[[], torch.Tensor], PhasedStep | None]:
     """The case's step (a training step, or a bare collective, which has no anatomy); faults
     act through their seams."""
-    mdef = get_model_def(spec.model)
+    workload = resolve(spec.model, spec.workload)
     phased = None
-    if mdef.is_collective:
-        step = build_allreduce_step(spec, mdef, device)  # no model: nothing to instrument
+    if workload.is_collective:
+        step = build_allreduce_step(spec, workload, device)  # no model: nothing to instrument
     else:
         phased = build_train_step(spec, device, rank, fault.instrument_model if fault else lambda m: None)
         step = phased.step
@@ -443,6 +454,7 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
             phase_unix=dict(status.stamps),
             pid=os.getpid(),
             process_runs_before=job.index,
+            flops_per_step=phased.flops_per_step if phased is not None else 0.0,
         )
         result = _with_anatomy(result, spec, phased, device, member.rank, files, status, fault)
         status.set("writing result")
