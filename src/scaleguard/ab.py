@@ -168,6 +168,9 @@ class ABVerdict:
     memory: PairedShift | None = None
     orders: tuple[str, ...] = ()  # "AB" / "BA" per kept pair
     dropped: tuple[str, ...] = ()  # why each dropped pair was dropped
+    # each question's own answer: step, efficiency (ws > 1), memory -> REGRESSED / IMPROVED /
+    # SAME / INCONCLUSIVE; the status above is the worst of them
+    metrics: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -202,6 +205,42 @@ def decide_pairs(
     if step.ci[0] > low_margin and step.ci[1] < thr.step and eff_same:
         return "SAME", step, effs, mems, []
     return "INCONCLUSIVE", step, effs, mems, []
+
+
+def metric_verdicts(
+    step: PairedShift, effs: PairedShift | None, mems: PairedShift | None, thr: Thresholds
+) -> dict[str, str]:
+    """Every metric judged on its own: a memory verdict must not leave step time undecided."""
+
+    def relative(shift: PairedShift, threshold: float) -> str:
+        low = -threshold / (1 + threshold)
+        if shift.change > threshold and shift.p_up < thr.alpha:
+            return "REGRESSED"
+        if shift.change < low and shift.p_down < thr.alpha:
+            return "IMPROVED"
+        if shift.ci[0] > low and shift.ci[1] < threshold:
+            return "SAME"
+        return "INCONCLUSIVE"
+
+    out = {"step": relative(step, thr.step)}
+    if effs is not None:
+        if -effs.change > thr.efficiency and effs.p_down < thr.alpha:
+            out["efficiency"] = "REGRESSED"
+        elif effs.change > thr.efficiency and effs.p_up < thr.alpha:
+            out["efficiency"] = "IMPROVED"
+        elif -thr.efficiency < effs.ci[0] and effs.ci[1] < thr.efficiency:
+            out["efficiency"] = "SAME"
+        else:
+            out["efficiency"] = "INCONCLUSIVE"
+    if mems is not None:
+        out["memory"] = relative(mems, thr.memory)
+    return out
+
+
+def undecided(verdict: ABVerdict) -> bool:
+    """More pairs help: step time or efficiency is not decided yet (memory is steady enough
+    to decide in the first pairs, and must not end the case before the others)."""
+    return any(verdict.metrics.get(m) == "INCONCLUSIVE" for m in ("step", "efficiency"))
 
 
 @dataclass(frozen=True)
@@ -298,7 +337,7 @@ class ABSession:
                 kept.append(order)
             if len(kept) >= self.schedule.min_pairs:
                 verdict = self._judge(spec, kept, dropped)
-                if verdict.status != "INCONCLUSIVE":
+                if not undecided(verdict):
                     break
         if verdict is None:
             raise CaseFailedError(spec.case_id, None, "no A/B pair completed: " + "; ".join(dropped[-3:]))
@@ -322,6 +361,7 @@ class ABSession:
         status, step, effs, mems, reasons = decide_pairs(
             spec.case_id, [r.median_s for r in a_runs], [r.median_s for r in b_runs], thr, eff, mem
         )
+        metrics = metric_verdicts(step, effs, mems, thr)
         ab, ba = kept.count("AB"), kept.count("BA")
         p = step.p_up if step.change >= 0 else step.p_down
         b_ms, a_ms = ev_b.median_s() * 1e3, ev_a.median_s() * 1e3
@@ -333,12 +373,18 @@ class ABSession:
         if effs is not None and eff is not None:
             label = " (scaling regression)" if "efficiency" in reasons else ""
             parts.append(f"efficiency {np.mean(eff[0]):.2f} (A) -> {np.mean(eff[1]):.2f} (B){label}")
-        if "memory" in reasons and mems is not None:
-            parts.append(f"peak memory {mems.change:+.1%}")
+        if mems is not None:
+            parts.append(f"peak memory {mems.change:+.1%} ({metrics['memory']})")
+        parts.append("verdicts: " + ", ".join(f"{m} {v}" for m, v in metrics.items()))
+        if status == "INCONCLUSIVE" or any(v == "INCONCLUSIVE" for v in metrics.values()):
+            left = [m for m, v in metrics.items() if v == "INCONCLUSIVE"]
+            parts.append(
+                f"{', '.join(left)} undecided after {step.n} pairs (the cap is {self.schedule.max_pairs})"
+            )
         if dropped:
             parts.append(f"{len(dropped)} pair(s) dropped: {dropped[0]}")
         story = (
             f"{spec.case_id} {status}: " + "; ".join(parts)
             + f"; torch {self.a.versions.get('torch')} (A) -> {self.b.versions.get('torch')} (B)"
         )  # fmt: skip
-        return ABVerdict(spec.case_id, status, story, step, effs, mems, tuple(kept), tuple(dropped))
+        return ABVerdict(spec.case_id, status, story, step, effs, mems, tuple(kept), tuple(dropped), metrics)

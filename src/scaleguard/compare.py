@@ -364,7 +364,9 @@ def story(
         parts.append(f"this case resolves changes beyond {found.needed:.0%} only (its run-to-run spread)")
     if verdict.status is Status.REGRESSED and (found.slower or found.eff_worse):
         moved = anatomy.explain(
-            [r.anatomy for r in old.evidence if r.anatomy], [r.anatomy for r in new.evidence if r.anatomy]
+            [r.anatomy for r in old.evidence if r.anatomy],
+            [r.anatomy for r in new.evidence if r.anatomy],
+            step_change_ms=(new.median_s() - old.median_s()) * 1e3,
         )
         if moved:
             parts.append(moved)

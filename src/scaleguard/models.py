@@ -174,6 +174,7 @@ class DecoderWorkload(Workload):
     """Next-token prediction with a GPT-style decoder on synthetic token ids (bf16 autocast)."""
 
     sample = "sequences"
+    modes = ("single", "ddp", "fsdp", "compile")  # nobody trains a decoder with DataParallel
 
     def __init__(
         self,
@@ -187,12 +188,13 @@ class DecoderWorkload(Workload):
         weak: int,
         profiles: tuple[str, ...],
         precisions: tuple[str, ...],
+        scalings: tuple[str, ...] = ("strong", "weak"),
     ) -> None:
         self.name, self.vocab, self.seq_len = name, vocab, seq_len
         self.dims = (d_model, heads, layers)
         self.tokens_per_sample = seq_len
         self.strong_global_batch, self.weak_per_rank_batch = strong, weak
-        self.profiles, self.precisions = profiles, precisions
+        self.profiles, self.precisions, self.scalings = profiles, precisions, scalings
 
     def build(self) -> nn.Module:
         d_model, heads, layers = self.dims
@@ -278,7 +280,17 @@ BUILTINS: dict[str, Workload] = {
         ImageClassifier("resnet18_cifar", 18, 10, 32, strong=32, weak=16, profiles=("smoke",)),
         TextWorkload("transformer_tiny", 1000, 64, 64, 4, 2, strong=32, weak=16, profiles=("smoke",)),
         DecoderWorkload(
-            "decoder_tiny", 512, 64, 64, 4, 2, strong=16, weak=8, profiles=("smoke",), precisions=("fp32",)
+            "decoder_tiny",
+            512,
+            64,
+            64,
+            4,
+            2,
+            strong=16,
+            weak=8,
+            profiles=("smoke",),
+            precisions=("fp32",),
+            scalings=("strong",),  # on 2 CPU cores the weak cases would ask the same again
         ),
         # message sizes: gradient-bucket size (DDP's default bucket is 25 MiB) and a link-bound
         # size on GPUs; one mid size on CPU, where gloo over loopback is memory-bound

@@ -416,17 +416,20 @@ def compare_plot(
     plt.close(fig)
 
 
-AB_HEADERS = ["case", "A step ms", "B step ms", "B/A", "95% CI", "pairs (AB/BA)", "pair spread",
-              "A eff.", "B eff.", "p", "verdict"]  # fmt: skip
+AB_HEADERS = ["case", "A step ms", "B step ms", "B/A", "95% CI", "step", "eff. A -> B", "eff.",
+              "mem. B/A", "mem.", "pairs (AB/BA)", "pair spread", "p", "verdict"]  # fmt: skip
 
 
 def ab_rows(session: Any) -> list[list[str]]:
+    """One row per case: each metric's change and its own verdict, then the case's."""
     rows = []
     for case_id, verdict in sorted(session.verdicts.items()):
         a = session.ledgers["A"].evidence(case_id)
         b = session.ledgers["B"].evidence(case_id)
         step = verdict.step
         p = step.p_up if step.change >= 0 else step.p_down
+        metrics = verdict.metrics
+        mem = verdict.memory
         rows.append(
             [
                 case_id,
@@ -434,10 +437,15 @@ def ab_rows(session: Any) -> list[list[str]]:
                 fmt_ms(b.median_s()),
                 f"{step.change:+.1%}",
                 f"[{step.ci[0]:+.1%}, {step.ci[1]:+.1%}]",
+                metrics.get("step", "-"),
+                f"{fmt_ratio(a.efficiency())} -> {fmt_ratio(b.efficiency())}"
+                if "efficiency" in metrics
+                else "-",
+                metrics.get("efficiency", "-"),
+                f"{mem.change:+.1%}" if mem is not None else "-",
+                metrics.get("memory", "-"),
                 f"{step.n} ({verdict.orders.count('AB')}/{verdict.orders.count('BA')})",
                 f"{step.spread:.1%}",
-                fmt_ratio(a.efficiency()),
-                fmt_ratio(b.efficiency()),
                 f"{p:.1g}",
                 verdict.status,
             ]

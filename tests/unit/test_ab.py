@@ -113,3 +113,43 @@ def test_paired_thresholds_are_tighter_on_cpu_only() -> None:
 
     assert Thresholds.for_ab("cpu").step == 0.05 and Thresholds.for_device("cpu").step == 0.10
     assert Thresholds.for_ab("cuda") == Thresholds.for_device("cuda")
+
+
+class MemoryGrows(FakeRuns):
+    """B uses 50 % more memory every time; its step time is noisy pair to pair (±8 %)."""
+
+    def __call__(self, spec, run_dir: Path, timeout_s: float, interpreter: Interpreter) -> object:  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        res = super().__call__(spec, run_dir, timeout_s, interpreter)
+        label = self.calls[-1][0]
+        noise = 1.0 + (0.08 if len(self.calls) % 4 in (1, 2) else -0.08) if label == "B" else 1.0
+        res = result(spec, res.summary.median_s * noise)  # type: ignore[attr-defined]
+        return replace(
+            res, peak_mem_bytes=tuple(int(m * (1.5 if label == "B" else 1.0)) for m in res.peak_mem_bytes)
+        )
+
+
+def test_a_memory_verdict_does_not_end_the_pairs_before_step_time_is_decided(tmp_path: Path) -> None:
+    fake = MemoryGrows()
+    verdict = session(tmp_path, fake, max_pairs=6).measure(tiny_spec(world_size=1))
+    assert verdict.status == "REGRESSED" and verdict.metrics["memory"] == "REGRESSED"
+    # memory was decided after 2 pairs; the pairs went on for step time (to the cap, or decided)
+    assert len(verdict.orders) > 2
+    assert verdict.metrics["step"] in ("SAME", "INCONCLUSIVE")
+    assert "verdicts: step " in verdict.story and "memory REGRESSED" in verdict.story
+    if verdict.metrics["step"] == "INCONCLUSIVE":
+        assert len(verdict.orders) == 6 and "step undecided after 6 pairs" in verdict.story
+
+
+def test_each_metric_has_its_own_verdict() -> None:
+    from scaleguard.ab import metric_verdicts
+
+    step = paired_shift(*pairs(8, 1.0, 0.01), relative=True)
+    effs = paired_shift([0.9] * 8, [0.6, 0.61, 0.59, 0.6, 0.6, 0.62, 0.61, 0.6], relative=False)
+    mems = paired_shift([1e9] * 8, [1e9 * (1 + 0.001 * i) for i in range(8)], relative=True, min_spread=1e-3)
+    assert metric_verdicts(step, effs, mems, CPU) == {
+        "step": "SAME",
+        "efficiency": "REGRESSED",
+        "memory": "SAME",
+    }

@@ -69,3 +69,25 @@ def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_run(tmp_path) ->
     result = measure(phased, 2, [torch.profiler.ProfilerActivity.CPU], blocker / "trace.json")
     assert result.trace is None and result.ms["backward"] == pytest.approx(3.0)
     assert result.top_ops and result.op_clock == "cpu"
+
+
+def test_the_story_says_how_much_the_phases_explain_and_names_only_a_material_op() -> None:
+    # 2.7 ms slower step; backward +1.41, optimizer +0.53; the largest op moved 0.07 ms
+    old = anatomy()
+    new = Anatomy(
+        ms={**old.ms, "backward": old.ms["backward"] + 1.41, "optimizer": old.ms["optimizer"] + 0.53},
+        top_ops=(OpTime("aten::mm", 12, 4.07), OpTime("aten::addmm", 6, 2.0)),
+        op_clock="cpu", steps=3, cost_s=0.4,
+    )  # fmt: skip
+    text = explain([old], [new], step_change_ms=2.7)
+    assert text is not None and "backward +1.41" in text and "optimizer +0.53" in text
+    assert "phases explain 1.9 of 2.7 ms" in text
+    assert (
+        "top op" not in text
+        and "no single op stands out (largest: aten::mm +0.07 ms/step, 3% of the change)" in text
+    )
+    # an op that carries the change is named
+    big = explain([anatomy()], [anatomy(backward=13.0, mm=7.0)], step_change_ms=3.2)
+    assert (
+        big is not None and "phases explain 3.0 of 3.2 ms" in big and "top op: aten::mm +3.00 ms/step" in big
+    )
