@@ -20,6 +20,7 @@ from scaleguard import baseline, benchmark_io, report
 from scaleguard.baseline import BaselineError
 from scaleguard.compare import Status, Thresholds, Verdict, decide
 from scaleguard.evidence import CaseEvidence
+from scaleguard.history import HistoryError
 from scaleguard.records import FileFormatError
 
 EXIT_REGRESSED, EXIT_BAD_INPUT = 1, 2
@@ -175,6 +176,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     for verdict in ledger.verdicts.values():
         if verdict.status is not Status.OK:
             console.print(verdict.story, markup=False, highlight=False)
+    if args.history is not None:
+        from scaleguard.history import History
+
+        with History(args.history) as db:
+            verdicts = {cid: v.status.value for cid, v in ledger.verdicts.items()}
+            added = db.append(
+                [ledger.evidence(c) for c in ledger.completed], hardware_key, "ingest", verdicts
+            )
+        console.print(f"scaleguard: history {args.history}: {added} runs appended", markup=False)
     if args.update_baselines:
         lines = report.baseline_update_lines(ledger, interrupted=False)
         for line in lines:
@@ -182,6 +192,65 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if any(line.startswith("scaleguard: baselines not updated") for line in lines):
             return EXIT_BAD_INPUT
     return EXIT_REGRESSED if any(v.failed for v in ledger.verdicts.values()) else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """``scaleguard history``: the last nights of each case and its change points;
+    ``scaleguard history import FILES``: load saved runs and baselines (idempotent)."""
+    from scaleguard import history
+
+    path = args.history
+    if args.args and args.args[0] == "import":
+        files = [Path(f) for f in args.args[1:]]
+        if not files:
+            raise UsageProblem("history import takes saved runs (--benchmark-save) or baseline files")
+        loaded = [load_cases(f) for f in files]  # every file read and validated before any write
+        added = 0
+        with history.History(path) as db:
+            for f, (_, key, cases) in zip(files, loaded, strict=True):
+                if key is None:
+                    raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
+                added += db.append(cases.values(), key, "import")
+        print(f"scaleguard history: {added} new runs from {len(files)} files into {path}")
+        return 0
+    if args.args:
+        raise UsageProblem(
+            f"history: unknown argument {args.args[0]!r} (did you mean `history import FILES`?)"
+        )
+    if not path.exists():
+        raise UsageProblem(f"history {path} does not exist yet: a session appends to it, or `history import`")
+    with history.History(path) as db:
+        rows = db.rows(args.hardware_key, args.case)
+    groups: dict[tuple[str, str], list[history.HistoryRow]] = {}
+    for row in rows:
+        groups.setdefault((row.hardware_key, row.case_id), []).append(row)
+    if not groups:
+        print(f"scaleguard history {path}: no runs match")
+        return 0
+    for (key, case_id), case_rows in sorted(groups.items()):
+        nights = history.nightly(case_rows)
+        print(f"{case_id}  ({key}, {len(nights)} nights, {len(case_rows)} runs)")
+        for night in nights[-args.last :]:
+            verdicts = sorted({r.verdict for r in case_rows if r.session == night.session and r.verdict})
+            build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
+            print(f"  {night.recorded_at[:19]}  {night.value * 1e3:9.2f} ms  {night.runs} runs  {build}"
+                  f"  {'/'.join(verdicts) or '-'}  [{night.session}]")  # fmt: skip
+        for point in history.case_change_points(nights):
+            before, after = point.before, point.after
+            assert before is not None and after is not None
+            builds = (
+                f"torch {before.torch} -> {after.torch}"
+                if before.torch != after.torch
+                else f"torch {after.torch}"
+            )
+            if before.torch_git and after.torch_git and before.torch_git != after.torch_git:
+                builds += f" (git {before.torch_git[:10]} -> {after.torch_git[:10]})"
+            print(
+                f"  change point at {after.recorded_at[:19]} [{after.session}]: {point.change:+.1%} "
+                f"(p={point.p_value:.1g}); last night before: {before.recorded_at[:19]} "
+                f"[{before.session}]; {builds}"
+            )
+    return 0
 
 
 def cmd_hardware_key(args: argparse.Namespace) -> int:
@@ -250,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--hardware-key", help="default: cuda-<gpu>-x<largest world size> / cpu-<cpu>-<n>t")
     ing.add_argument("--baseline-torch", help="compare with this torch version's entries")
     ing.add_argument("--update-baselines", action="store_true")
+    ing.add_argument("--history", type=Path, help="also append the runs to this history database")
     for command in (cmp, ing):
         for name in ("step", "efficiency", "memory"):
             command.add_argument(
@@ -270,6 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     abp.add_argument("--markdown", type=Path, help="write a markdown report here")
     abp.add_argument("--plot", type=Path, help="write a PNG plot here")
     abp.add_argument("--save-dir", type=Path, help="write A.json and B.json (pytest-benchmark format) here")
+    hist = sub.add_parser(
+        "history",
+        help="the last nights of each case and their change points; `history import FILES` loads saved runs",
+    )
+    hist.add_argument("args", nargs="*", help="`import FILES...` to load saved runs and baselines")
+    hist.add_argument("--history", type=Path, default=Path(".scaleguard/history.sqlite"))
+    hist.add_argument("--case", default="*", help="case-id glob")
+    hist.add_argument("--hardware-key", help="only this hardware")
+    hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     key.add_argument(
@@ -282,12 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command != "ab":
         build_parser().parse_args(argv)  # the usual error for unknown arguments
-    handler = {"compare": cmd_compare, "ingest": cmd_ingest, "hardware-key": cmd_hardware_key}
+    handler = {"compare": cmd_compare, "ingest": cmd_ingest, "hardware-key": cmd_hardware_key,
+               "history": cmd_history}  # fmt: skip
     try:
         if args.command == "ab":
             return cmd_ab(args, rest)
         return handler[args.command](args)
-    except (UsageProblem, BaselineError, FileFormatError) as exc:
+    except (UsageProblem, BaselineError, FileFormatError, HistoryError) as exc:
         print(f"scaleguard {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (OSError, ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError) as exc:

@@ -92,6 +92,8 @@ def runtime_versions(with_names: bool = False) -> dict[str, Any]:
     """
     info: dict[str, Any] = {
         "torch": torch.__version__,
+        # the build: nightlies and local builds share a version string, never a sha
+        "torch_git": getattr(torch.version, "git_version", None),
         "cuda": torch.version.cuda,
         "cudnn": None,
         "nccl": None,

@@ -291,6 +291,36 @@ class PerfState:
         )
         return self._baselines
 
+    def history_path(self) -> Path | None:
+        if self.flag("perf_no_history"):
+            return None
+        given = self.option("history")
+        return Path(given) if given else self.config.rootpath / ".scaleguard" / "history.sqlite"
+
+    def append_history(self, ledgers: dict[str, Any]) -> str | None:
+        """Every completed case's runs (quarantined ones flagged) into the history; a history
+        that cannot be written costs the history, never the session's results."""
+        path = self.history_path()
+        if path is None or not any(ledger.completed for ledger in ledgers.values()):
+            return None
+        from scaleguard.baseline import git_commit, host_hardware_key
+        from scaleguard.env import host_fingerprint
+        from scaleguard.history import History, HistoryError
+
+        spec = self.planned()[0].spec
+        key = host_hardware_key(host_fingerprint(), spec.device, spec.settings.threads_per_rank)
+        added = 0
+        try:
+            with History(path) as history:
+                for source, ledger in ledgers.items():
+                    cases = [ledger.evidence(cid) for cid in ledger.completed]
+                    verdicts = {cid: v.status if isinstance(v.status, str) else v.status.value
+                                for cid, v in ledger.verdicts.items()}  # fmt: skip
+                    added += history.append(cases, key, source, verdicts, git_commit(self.config.rootpath))
+        except HistoryError as exc:
+            return f"scaleguard: history not updated: {exc}"
+        return f"scaleguard: history {path}: {added} runs appended"
+
     def peak_tflops(self) -> float | None:
         text = self.option("peak-tflops")
         if text is None:
@@ -486,6 +516,7 @@ _FLAGS = (
         "do not watch for other processes' CPU/GPU load during runs (a busy machine is then "
         "judged like a quiet one)",
     ),
+    ("no-history", "do not append this session's runs to the history database"),
     (
         "share-gpu",
         "test mode: ranks of world sizes above the GPU count share the GPUs round-robin over gloo "
@@ -743,6 +774,9 @@ def pytest_terminal_summary(
     state = config.stash.get(STATE, None)
     if state is not None and state._ab is not None:
         _ab_summary(terminalreporter, state)
+        line = state.append_history({"ab-A": state._ab.ledgers["A"], "ab-B": state._ab.ledgers["B"]})
+        if line:
+            terminalreporter.write_line(line)
         return result
     session = state.session if state else None
     if session is None or not (session.ledger.records or session.ledger.failures):
@@ -767,6 +801,10 @@ def pytest_terminal_summary(
         terminalreporter.write_line(line)
     if state is not None and state.update_baselines():
         for line in report.baseline_update_lines(ledger, exitstatus == pytest.ExitCode.INTERRUPTED):
+            terminalreporter.write_line(line)
+    if state is not None:
+        line = state.append_history({"suite": ledger})
+        if line:
             terminalreporter.write_line(line)
     return result
 

@@ -1,0 +1,287 @@
+"""Every night remembered: an SQLite history of every run any session measured, and change
+points over each case's nightly series.
+
+The JSON files stay the exchange format (saved runs, baselines); the database is an index of
+them on the runner's disk, rebuildable with ``scaleguard history import FILES``. One row per
+run, keyed by its unique run id (so appending or importing twice changes nothing), with the
+case, the hardware key, torch version and git sha, CUDA/cuDNN/NCCL, the suite's commit, the
+session and time, the run's median step, efficiency and peak memory, its quarantine reason and
+the verdict of its case in that session. Writers serialise on SQLite's own write lock
+(``BEGIN IMMEDIATE`` under a busy deadline) in WAL mode; each append is one transaction, so an
+interrupted session leaves the file as it was before that append, or with all of it.
+
+Change points (``change_points``): a two-stage method after Apache Otava's, on run-level
+statistics — binary segmentation picks the split of a series that best separates two levels
+(largest Welch t over log medians), kept when its Welch p-value is below ``max_pvalue`` and its
+magnitude at least ``min_magnitude``, then both halves are searched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaleguard.evidence import CaseEvidence
+
+SCHEMA = 1  # PRAGMA user_version; migrations below take older files forward
+LOCK_TIMEOUT_S = 60.0
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY,
+        case_id TEXT NOT NULL,
+        group_id TEXT NOT NULL,
+        world_size INTEGER NOT NULL,
+        hardware_key TEXT NOT NULL,
+        torch TEXT, torch_git TEXT, cuda TEXT, cudnn TEXT, nccl TEXT,
+        suite_commit TEXT,
+        session TEXT NOT NULL,
+        recorded_at TEXT NOT NULL,
+        source TEXT NOT NULL,
+        median_s REAL NOT NULL,
+        samples_per_s REAL,
+        efficiency REAL,
+        peak_mem_bytes INTEGER,
+        quarantine TEXT,
+        verdict TEXT,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS runs_case ON runs (hardware_key, case_id, recorded_at);
+    """,
+}
+
+
+class HistoryError(RuntimeError):
+    """The history file cannot be used; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    run_id: str
+    case_id: str
+    hardware_key: str
+    torch: str | None
+    torch_git: str | None
+    session: str
+    recorded_at: str
+    source: str
+    median_s: float
+    efficiency: float | None
+    peak_mem_bytes: int | None
+    quarantine: str | None
+    verdict: str | None
+
+
+class History:
+    """The history database at ``path`` (created on first use)."""
+
+    def __init__(self, path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(
+                f"history {path}: not a usable scaleguard history ({exc}); move it aside (it is "
+                "rebuilt with `scaleguard history import` from the saved runs)"
+            ) from None
+        except OSError as exc:
+            raise HistoryError(f"history {path}: cannot be opened ({exc.strerror or exc})") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One writer at a time: SQLite's write lock, waited for up to ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise HistoryError(
+                        f"history {self.path}: another writer held it for {self.timeout_s:.0f} s; "
+                        "nothing was written"
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def _migrate(self) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA:
+            raise HistoryError(
+                f"history {self.path}: schema {version}, newer than this scaleguard's {SCHEMA}: "
+                "upgrade scaleguard"
+            )
+        with self._write() as db:
+            for step in range(version + 1, SCHEMA + 1):
+                # statement by statement: executescript would commit the open transaction
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {step}")
+
+    def append(
+        self,
+        cases: Iterable[CaseEvidence],
+        hardware_key: str,
+        source: str,
+        verdicts: dict[str, str] | None = None,
+        suite_commit: str | None = None,
+    ) -> int:
+        """Every run of ``cases`` (quarantined ones flagged); returns how many were new."""
+        rows = []
+        for evidence in cases:
+            for run in evidence.runs:
+                rows.append(
+                    (
+                        run.run_id, evidence.case_id, evidence.group_id, evidence.world_size, hardware_key,
+                        _text(evidence.versions.get("torch")), _text(evidence.versions.get("torch_git")),
+                        _text(evidence.versions.get("cuda")), _text(evidence.versions.get("cudnn")),
+                        _text(evidence.versions.get("nccl")), run.commit or suite_commit, run.session,
+                        run.recorded_at or "", source, run.median_s, run.samples_per_s,
+                        run.scaling_efficiency, run.peak_mem_bytes, run.quarantine,
+                        (verdicts or {}).get(evidence.case_id),
+                        json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
+                                    "run": run.to_dict()}, allow_nan=False),
+                    )
+                )  # fmt: skip
+        with self._write() as db:
+            before = db.total_changes
+            db.executemany(
+                "INSERT OR IGNORE INTO runs VALUES (" + ", ".join("?" * 21) + ")",
+                rows,
+            )
+            return db.total_changes - before
+
+    def rows(self, hardware_key: str | None = None, case_glob: str = "*") -> list[HistoryRow]:
+        query = (
+            "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
+            "median_s, efficiency, peak_mem_bytes, quarantine, verdict FROM runs WHERE case_id GLOB ?"
+        )
+        args: list[Any] = [case_glob]
+        if hardware_key:
+            query += " AND hardware_key = ?"
+            args.append(hardware_key)
+        query += " ORDER BY hardware_key, case_id, recorded_at, run_id"
+        return [HistoryRow(*r) for r in self._db.execute(query, args).fetchall()]
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Night:
+    """One session's runs of a case: the unit of a series (the median of its run medians)."""
+
+    session: str
+    recorded_at: str
+    value: float
+    torch: str | None
+    torch_git: str | None
+    runs: int
+
+
+def nightly(rows: Sequence[HistoryRow]) -> list[Night]:
+    """Rows of one case and hardware, folded per session in time order (quarantined runs out)."""
+    by_session: dict[str, list[HistoryRow]] = {}
+    for row in rows:
+        if row.quarantine is None:
+            by_session.setdefault(row.session, []).append(row)
+    nights = [
+        Night(
+            session,
+            min(r.recorded_at for r in runs),
+            float(np.median([r.median_s for r in runs])),
+            runs[-1].torch,
+            runs[-1].torch_git,
+            len(runs),
+        )
+        for session, runs in by_session.items()
+    ]
+    return sorted(nights, key=lambda n: n.recorded_at)
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    index: int  # the first night of the new level
+    change: float  # relative change of the level (after / before - 1)
+    p_value: float
+    before: Night | None = None
+    after: Night | None = None
+
+
+def change_points(
+    values: Sequence[float],
+    max_pvalue: float = 0.001,
+    min_magnitude: float = 0.02,
+    min_size: int = 3,
+) -> list[ChangePoint]:
+    """Where the level of ``values`` (positive: step times) changed, in order.
+
+    Binary segmentation on log values: the split with the largest Welch t between its two sides,
+    kept when significant (``max_pvalue``) and material (``min_magnitude``), then each side
+    searched again; segments shorter than ``min_size`` nights are not split.
+    """
+    from scipy import stats
+
+    x = np.log(np.asarray(values, dtype=np.float64))
+    found: list[ChangePoint] = []
+
+    def search(lo: int, hi: int) -> None:
+        if hi - lo < 2 * min_size:
+            return
+        best: tuple[float, int] | None = None
+        for split in range(lo + min_size, hi - min_size + 1):
+            left, right = x[lo:split], x[split:hi]
+            se = math.sqrt(left.var(ddof=1) / left.size + right.var(ddof=1) / right.size) or 1e-12
+            t = abs(right.mean() - left.mean()) / se
+            if best is None or t > best[0]:
+                best = (t, split)
+        assert best is not None
+        split = best[1]
+        left, right = x[lo:split], x[split:hi]
+        test = stats.ttest_ind(left, right, equal_var=False)
+        change = math.expm1(float(right.mean() - left.mean()))
+        p = float(test.pvalue) if np.isfinite(test.pvalue) else 0.0
+        if p < max_pvalue and abs(change) >= min_magnitude:
+            found.append(ChangePoint(split, change, p))
+            search(lo, split)
+            search(split, hi)
+
+    search(0, len(x))
+    return sorted(found, key=lambda c: c.index)
+
+
+def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
+    """Change points of a case's nightly series, with the nights either side."""
+    points = change_points([n.value for n in nights], **kw)
+    return [ChangePoint(c.index, c.change, c.p_value, nights[c.index - 1], nights[c.index]) for c in points]
