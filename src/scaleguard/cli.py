@@ -219,8 +219,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         )
     if not path.exists():
         raise UsageProblem(f"history {path} does not exist yet: a session appends to it, or `history import`")
+    if args.html is not None:
+        check_output(args.html, "--html", (".html", ".htm"))
     with history.History(path) as db:
         rows = db.rows(args.hardware_key, args.case)
+    if args.html is not None:
+        from scaleguard import history_page
+
+        history_page.write(args.html, rows)
+        print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
     groups: dict[tuple[str, str], list[history.HistoryRow]] = {}
     for row in rows:
         groups.setdefault((row.hardware_key, row.case_id), []).append(row)
@@ -349,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--case", default="*", help="case-id glob")
     hist.add_argument("--hardware-key", help="only this hardware")
     hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")
+    hist.add_argument("--html", type=Path, help="write one self-contained page (plots, change points) here")
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     key.add_argument(

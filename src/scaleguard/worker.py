@@ -211,17 +211,7 @@ def build_train_step(
         return torch.autocast(device.type, dtype=dtype, enabled=spec.precision == "bf16")
 
     batches = _batches(workload, spec, device, rank, channels_last)
-    # FLOPs of one step, once per workload and batch, on the unwrapped model and before
-    # channels_last or wrapping: what the step computes, not how it is laid out
-    formula = workload.flops_per_sample()
-    flops = (
-        formula * spec.per_rank_batch
-        if formula
-        else count_step_flops(
-            (spec.workload or spec.model, spec.per_rank_batch, spec.precision, device.type),
-            model, workload.loss, next(batches), autocast(),
-        )
-    )  # fmt: skip
+    flops = _step_flops(workload, spec, model, device, autocast)
     # FSDP2 shards only contiguous parameters: conv weights stay NCHW there (inputs are still
     # channels_last, and cuDNN converts), so FSDP conv cases run instead of failing
     if channels_last and spec.mode != "fsdp":
@@ -275,6 +265,36 @@ def build_train_step(
     return PhasedStep(
         step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes, flops_per_step=flops
     )
+
+
+def _step_flops(
+    workload: Workload,
+    spec: CaseSpec,
+    model: nn.Module,
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> float:
+    """FLOPs of one step, once per workload and batch, on the unwrapped model before
+    channels_last or wrapping: what the step computes, not how it is laid out. The count
+    leaves no trace in the case: its own batch (not one of the case's), the RNG state restored,
+    the model in eval mode meanwhile (no BatchNorm statistics move), its gradients dropped — a
+    pooled process that counted before and a fresh one train bit for bit the same."""
+    formula = workload.flops_per_sample()
+    if formula:
+        return formula * spec.per_rank_batch
+    try:
+        batch = workload.synthetic_batch(
+            spec.per_rank_batch, torch.Generator().manual_seed(spec.settings.seed)
+        )
+    except NotImplementedError:
+        return 0.0  # a loader-only workload without synthetic batches: no count, no MFU
+    key = (spec.workload or spec.model, spec.per_rank_batch, spec.precision, device.type)
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        model.eval()
+        try:
+            return count_step_flops(key, model, workload.loss, tuple(t.to(device) for t in batch), autocast())
+        finally:
+            model.train()
 
 
 def _drained(device: torch.device) -> float:

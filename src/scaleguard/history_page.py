@@ -1,0 +1,177 @@
+"""``scaleguard history --html FILE``: one self-contained page of the history (no network: plotly's
+script and every style inline).
+
+Per case: step time over time (each run a point coloured by torch version, the nightly median a
+line, change points marked with their magnitude and builds); per group: scaling efficiency per
+world size over time and the scaling curve (speedup over world size) per torch version. Open
+regressions (change points whose newer level is slower and still current) are listed first.
+Filters by model, mode, precision and world size show and hide cases.
+
+Plotly, because it is made for interactive pages from Python (hover, zoom, legends) and embeds
+as one script with no server; bokeh would do as well, altair needs a vega runtime fetched or
+vendored separately.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+
+from scaleguard import history
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+.case { border-top: 2px solid #ddd; margin-top: 1.2em; padding-top: 0.5em; }
+.filters select { margin-right: 1em; }
+.regressed { color: #b00; font-weight: bold; }
+"""
+
+_FILTER_SCRIPT = """
+function applyFilters() {
+  const picks = {};
+  document.querySelectorAll('.filters select').forEach(s => { picks[s.name] = s.value; });
+  document.querySelectorAll('.case').forEach(div => {
+    const show = Object.entries(picks).every(([k, v]) => v === '' || div.dataset[k] === v);
+    div.style.display = show ? '' : 'none';
+  });
+}
+document.querySelectorAll('.filters select').forEach(s => s.addEventListener('change', applyFilters));
+"""
+
+
+def _parts(case_id: str) -> dict[str, str]:
+    """model, mode, world size, precision from an id like resnet50-ddp-ws2-bf16-strong."""
+    tokens = case_id.split("-")
+    out = {"model": tokens[0] if tokens else "", "mode": "", "ws": "", "precision": ""}
+    if len(tokens) >= 4:
+        out.update(mode=tokens[1], ws=tokens[2].removeprefix("ws"), precision=tokens[3])
+    return out
+
+
+def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history") -> str:
+    """The page's HTML for ``rows`` (any hardware keys and cases)."""
+    import plotly.graph_objects as go
+    from plotly.offline import get_plotlyjs
+
+    by_case: dict[tuple[str, str], list[history.HistoryRow]] = {}
+    for row in rows:
+        by_case.setdefault((row.hardware_key, row.case_id), []).append(row)
+    sections: list[str] = []
+    open_regressions: list[str] = []
+    options: dict[str, set[str]] = {"model": set(), "mode": set(), "precision": set(), "ws": set()}
+    for (key, case_id), case_rows in sorted(by_case.items()):
+        parts = _parts(case_id)
+        for name in options:
+            options[name].add(parts[name])
+        nights = history.nightly(case_rows)
+        points = history.case_change_points(nights) if len(nights) >= 6 else []
+        fig = go.Figure()
+        for torch in sorted({r.torch or "unknown" for r in case_rows}):
+            runs = [r for r in case_rows if (r.torch or "unknown") == torch and r.quarantine is None]
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.recorded_at for r in runs], y=[r.median_s * 1e3 for r in runs], mode="markers",
+                    name=f"torch {torch}", text=[f"{r.session} {r.torch_git or ''}" for r in runs],
+                )
+            )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=[n.recorded_at for n in nights], y=[n.value * 1e3 for n in nights], mode="lines",
+                       name="nightly median", line={"color": "black", "width": 1})
+        )  # fmt: skip
+        for point in points:
+            assert point.after is not None and point.before is not None
+            label = f"{point.change:+.1%}: torch {point.before.torch} -> {point.after.torch}"
+            fig.add_vline(x=point.after.recorded_at, line_dash="dash", line_color="red")
+            fig.add_annotation(x=point.after.recorded_at, y=1.0, yref="paper", text=html.escape(label),
+                               showarrow=False, font={"color": "red"})  # fmt: skip
+            if point is points[-1] and point.change > 0:
+                builds = f"torch {point.before.torch} -> {point.after.torch}"
+                cells = [case_id, key, f"{point.change:+.1%}", point.after.recorded_at[:19], builds]
+                open_regressions.append(
+                    "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+                )
+        fig.update_layout(title=f"{case_id} ({key}): step time, ms", height=320, margin={"t": 40, "b": 30},
+                          xaxis_title="recorded", yaxis_title="ms per step")  # fmt: skip
+        efficiency = [r for r in case_rows if r.efficiency is not None and r.quarantine is None]
+        extra = ""
+        if efficiency:
+            xs, ys = [r.recorded_at for r in efficiency], [r.efficiency for r in efficiency]
+            eff = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+lines", name="efficiency"))
+            eff.update_layout(title=f"{case_id}: scaling efficiency", height=240, margin={"t": 40, "b": 30})
+            extra = eff.to_html(full_html=False, include_plotlyjs=False)
+        data = " ".join(f'data-{k}="{html.escape(v)}"' for k, v in parts.items())
+        sections.append(
+            f'<div class="case" {data}><h3>{html.escape(case_id)} <small>{html.escape(key)}</small></h3>'
+            + fig.to_html(full_html=False, include_plotlyjs=False)
+            + extra
+            + "</div>"
+        )
+    sections.extend(_scaling_curves(rows))
+    filters = "".join(
+        f'<label>{name} <select name="{name}"><option value="">all</option>'
+        + "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in sorted(values) if v)
+        + "</select></label>"
+        for name, values in options.items()
+    )
+    regressions = (
+        "<table><tr><th>case</th><th>hardware</th><th>change</th><th>since</th><th>builds</th></tr>"
+        + "".join(open_regressions)
+        + "</table>"
+        if open_regressions
+        else "<p>No open regression: no case's latest change point made it slower.</p>"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
+        f"<h1>{html.escape(title)}</h1><h2>Open regressions</h2>{regressions}"
+        f"<div class='filters'>{filters}</div>{''.join(sections)}"
+        f"<script>{_FILTER_SCRIPT}</script></body></html>"
+    )
+
+
+def _scaling_curves(rows: Sequence[history.HistoryRow]) -> list[str]:
+    """Speedup over world size per torch version, per group with several world sizes."""
+    import plotly.graph_objects as go
+
+    groups: dict[tuple[str, str], dict[str, dict[int, list[float]]]] = {}
+    for row in rows:
+        parts = _parts(row.case_id)
+        if row.quarantine is not None or not parts["ws"].isdigit():
+            continue
+        group = "-".join(t for i, t in enumerate(row.case_id.split("-")) if i != 2)
+        rate = 1.0 / row.median_s
+        by_torch = groups.setdefault((row.hardware_key, group), {})
+        by_torch.setdefault(row.torch or "unknown", {}).setdefault(int(parts["ws"]), []).append(rate)
+    out = []
+    for (key, group), by_torch in sorted(groups.items()):
+        if not any(len(sizes) > 1 and 1 in sizes for sizes in by_torch.values()):
+            continue
+        fig = go.Figure()
+        for torch, sizes in sorted(by_torch.items()):
+            if 1 not in sizes:
+                continue
+            base = sum(sizes[1]) / len(sizes[1])
+            xs = sorted(sizes)
+            # samples/s scale with the per-step rate times the global batch; strong scaling
+            # keeps the batch, weak multiplies it by ws
+            weak = group.endswith("weak") or "-weak-" in group
+            ys = [(sum(sizes[w]) / len(sizes[w])) / base * (w if weak else 1) for w in xs]
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"torch {torch}"))
+        top = max(max(s) for s in by_torch.values())
+        ideal = {"dash": "dot", "color": "grey"}
+        fig.add_trace(go.Scatter(x=[1, top], y=[1, top], mode="lines", name="ideal", line=ideal))
+        fig.update_layout(
+            title=f"{group} ({key}): speedup over world size", height=300, xaxis_title="world size"
+        )
+        plot = fig.to_html(full_html=False, include_plotlyjs=False)
+        out.append(f'<div class="scaling"><h3>{html.escape(group)}</h3>{plot}</div>')
+    return out
+
+
+def write(path: Path, rows: Sequence[history.HistoryRow]) -> None:
+    from scaleguard.records import atomic_write_text
+
+    atomic_write_text(path, render(rows))
