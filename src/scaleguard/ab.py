@@ -45,7 +45,8 @@ try:
 except Exception as e:
     print(json.dumps({"missing": "scaleguard", "error": repr(e)}))
     sys.exit(0)
-info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "git": getattr(torch.version, "git_version", None)}
 print(json.dumps(info))
 """
 

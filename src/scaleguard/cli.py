@@ -357,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--hardware-key", help="only this hardware")
     hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")
     hist.add_argument("--html", type=Path, help="write one self-contained page (plots, change points) here")
+    bis = sub.add_parser(
+        "bisect",
+        help="first bad torch build: PY_GOOD PY_2 ... PY_BAD -- perf/ -k CASE (paired A/B at each probe)",
+    )
+    bis.add_argument("builds", nargs="+", help="interpreters (paths or commands on PATH), oldest good first")
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     key.add_argument(
@@ -366,6 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bisect":
+        from scaleguard import bisect
+
+        builds, _, pytest_args = argv[1:], None, []
+        if "--" in builds:
+            at = builds.index("--")
+            builds, pytest_args = builds[:at], builds[at + 1 :]
+        if not builds or any(b.startswith("-") for b in builds):
+            print("scaleguard bisect: usage: scaleguard bisect PY_GOOD [PY ...] PY_BAD -- perf/ -k CASE",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_BAD_INPUT
+        return bisect.main(builds, pytest_args or ["perf/"])
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command != "ab":
         build_parser().parse_args(argv)  # the usual error for unknown arguments
