@@ -73,6 +73,7 @@ class RunRecord:
     anatomy: Anatomy | None = None  # where a step's time went (scaleguard.anatomy)
     process_runs_before: int = 0  # runs its processes made before it (0: fresh processes)
     flops_per_step: float = 0.0  # one process's training FLOPs per step (scaleguard.flops)
+    machine: dict[str, Any] = field(default_factory=dict)  # the session's machine probe
 
     @property
     def median_s(self) -> float:
@@ -148,6 +149,7 @@ class RunRecord:
             ),
             process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
             flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
+            machine=f.floats("machine", 0.0, 1e15),
         )
 
 

@@ -82,6 +82,8 @@ class Ledger:
         self.failures: dict[str, str] = {}
         self.completed: set[str] = set()  # cases measured to the end (all scheduled runs)
         self._runs = 0
+        # the session's machine probe (scaleguard.machine_probe), stored with every run
+        self.machine: dict[str, Any] = {}
 
     def add(self, result: RunResult, session: str | None = None) -> RunRecord:
         """Record one run of its case (efficiency is attached when the evidence is read)."""
@@ -90,6 +92,8 @@ class Ledger:
         commit = self.baselines.commit if self.baselines else None
         session = session or self.session_id
         run = RunRecord.from_result(result, f"{session}-{self._runs}", session, commit)
+        if self.machine:
+            run = replace(run, machine=dict(self.machine))
         self.specs[spec.case_id] = spec
         self.results.setdefault(spec.case_id, []).append(result)
         self.records.setdefault(spec.case_id, []).append(run)

@@ -471,6 +471,13 @@ class PerfState:
                 on_run=progress,
                 wait_quiet=wait_quiet,
             )
+            from scaleguard.machine_probe import run_probe
+
+            # before the first case: how fast this machine is, beside the baseline runs'
+            speed = run_probe()
+            if speed is not None:
+                self.session.ledger.machine = speed.to_dict()
+            progress(_machine_line(speed, self.baseline_context().file))
         return self.session
 
     def schedule(self) -> Any:
@@ -504,6 +511,31 @@ class PerfState:
             return value
         planned = self.planned()
         return 900.0 if planned and planned[0].spec.device == "cuda" else 300.0
+
+
+def _machine_line(speed: Any, baseline_file: Any) -> str:
+    """This session's probe beside the baseline runs' (issue 21: a faster or slower machine of
+    the same hardware key moves every case with it)."""
+    if speed is None:
+        return "machine probe: could not run (no figure for this session)"
+    scores = []
+    if baseline_file is not None:
+        scores = [
+            float(run.machine["score"])
+            for by_torch in baseline_file.cases.values()
+            for entry in by_torch.values()
+            for run in entry.runs
+            if run.machine.get("score")
+        ]
+    if not scores:
+        return f"{speed.describe()}; the baseline's runs carry no probe"
+    import statistics
+
+    median = statistics.median(scores)
+    return (
+        f"{speed.describe()}; the baseline's runs: median {median:.3f} over {len(scores)} runs "
+        f"(this machine {speed.score / median - 1:+.0%})"
+    )
 
 
 STATE = pytest.StashKey[PerfState]()

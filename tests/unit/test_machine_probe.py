@@ -1,0 +1,45 @@
+"""The machine probe: a torch-free figure of this machine's speed, stored with every run and
+shown beside the baseline runs'."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from scaleguard import baseline
+from scaleguard.evidence import RunRecord
+from scaleguard.ledger import Ledger
+from scaleguard.machine_probe import MachineSpeed, run_probe
+from scaleguard.plugin import _machine_line
+from tests.conftest import tiny_spec
+from tests.unit.test_session import result
+from tests.unit.test_verdicts import case, run
+
+
+def test_the_probe_measures_and_every_run_carries_it_into_the_baseline(tmp_path: Path) -> None:
+    speed = run_probe()
+    assert speed is not None and speed.score > 0 and speed.python_ops_per_s > 1e5
+    ledger = Ledger("s")
+    ledger.machine = speed.to_dict()
+    spec = tiny_spec(world_size=1)
+    record = ledger.add(result(spec, 0.1))
+    assert record.machine["score"] == round(speed.score, 4)
+    back = RunRecord.from_dict(record.to_dict(), "run", "fix")
+    assert back.machine == record.machine
+    path = tmp_path / "cpu-k-1t.json"
+    baseline.update(path, "cpu-k-1t", {}, [ledger.evidence(spec.case_id)])
+    loaded = baseline.load(path)
+    assert loaded is not None
+    (entry,) = loaded.cases[spec.case_id].values()
+    assert entry.runs[0].machine["score"] == round(speed.score, 4)
+
+
+def test_the_header_says_how_this_machine_compares_with_the_baseline_runs(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    runs = [replace(run(0.1, index=i, seed=i), machine={"score": 0.5}) for i in range(3)]
+    baseline.update(path, "k", {}, [case(runs, ws=1)])
+    speed = MachineSpeed(python_ops_per_s=6e6, copy_gb_per_s=10 * 0.6**2 / 0.6)  # score 0.6
+    line = _machine_line(speed, baseline.load(path))
+    assert "median 0.500 over 3 runs (this machine +20%)" in line and line.startswith("machine probe 0.600")
+    assert "carry no probe" in _machine_line(speed, None)
+    assert "could not run" in _machine_line(None, None)
