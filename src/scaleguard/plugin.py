@@ -864,10 +864,19 @@ def _ab_summary(terminalreporter: Any, state: PerfState) -> None:
         report.ab_plot(session, Path(str(state.option("ab-plot"))))
     if state.option("ab-save"):
         directory = Path(str(state.option("ab-save")))
-        host = host_fingerprint().to_dict()
+        from scaleguard.baseline import host_hardware_key
+
+        spec = state.planned()[0].spec
+        host = host_fingerprint()
+        threads = spec.settings.threads_per_rank
+        # the same machine_info as a plain session's save: the hardware key makes the two
+        # sides comparable by `scaleguard compare` (a file without one is refused)
+        machine_info: dict[str, Any] = {}
+        key = host_hardware_key(host, spec.device, threads)
+        benchmark_io.update_machine_info(machine_info, host, spec.device, spec.profile, threads, key)
         for label in ("A", "B"):
             benchmark_io.write_saved_run(
-                directory / f"{label}.json", session.ledgers[label], {"scaleguard": host}, label
+                directory / f"{label}.json", session.ledgers[label], machine_info, label
             )
         terminalreporter.write_line(
             f"scaleguard: A/B sides saved as {directory / 'A.json'} and {directory / 'B.json'}"
