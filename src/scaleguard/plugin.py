@@ -109,6 +109,11 @@ _OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
         None,
     ),
     (
+        "history",
+        "the history database every run is appended to (default: <rootdir>/.scaleguard/history.sqlite)",
+        None,
+    ),
+    (
         "accept-reason",
         "why the --perf-accept cases are recorded although not OK (stored with their runs)",
         None,
@@ -319,6 +324,8 @@ class PerfState:
                     added += history.append(cases, key, source, verdicts, git_commit(self.config.rootpath))
         except HistoryError as exc:
             return f"scaleguard: history not updated: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the history costs the history, never the results
+            return f"scaleguard: history not updated ({type(exc).__name__}: {exc}); this is a scaleguard bug"
         return f"scaleguard: history {path}: {added} runs appended"
 
     def peak_tflops(self) -> float | None:
