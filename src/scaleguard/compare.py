@@ -120,7 +120,7 @@ def parse_threshold(name: str, text: str) -> float:
         raise ValueError(f"threshold {name}={text!r} is not a number") from None
     lo, hi = _BOUNDS[name]
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise ValueError(f"threshold {name}={text!r} must be a number in [{lo}, {hi}]")
+        raise ValueError(f"threshold {name}={value} must be a number in [{lo}, {hi}]")
     return value
 
 

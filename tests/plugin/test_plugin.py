@@ -97,7 +97,7 @@ def test_ids_select_with_k(suite: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "*test_train_step[[]transformer_tiny-ddp-ws2-fp32-strong[]]*",
-            "*1/5 tests collected (4 deselected)*",
+            "*1/4 tests collected (3 deselected)*",  # DataParallel at ws1 is no case,
         ]
     )
 
@@ -163,5 +163,6 @@ def test_ctrl_c_during_a_case_leaves_no_process_and_no_baseline(
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
     assert "interrupted: baselines not updated" in out.decode()
-    assert not baselines.exists() or not list(baselines.iterdir())
+    # the sidecar lock file may exist (checked before measuring); no baseline was written
+    assert not baselines.exists() or not [p for p in baselines.iterdir() if not p.name.endswith(".lock")]
     assert not tagged_pids(process_tag)

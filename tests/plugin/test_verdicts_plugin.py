@@ -146,7 +146,7 @@ def test_wrong_typed_baseline_is_a_usage_error_before_any_case_runs(
     assert "scaleguard scaling" not in result.stdout.str()
 
 
-def test_foreign_hardware_baseline_is_new_and_never_overwritten(
+def test_a_baseline_named_for_this_machine_but_holding_another_is_refused_and_never_overwritten(
     suite: pytest.Pytester, tmp_path: Path
 ) -> None:
     baselines, path = this_machines_baseline(tmp_path)
@@ -158,13 +158,9 @@ def test_foreign_hardware_baseline_is_new_and_never_overwritten(
         *ARGS, "--perf-world-sizes", "1", "--perf-threads-per-rank", "1",
         f"--perf-baselines={baselines}", "--perf-update-baselines",
     )  # fmt: skip
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*NEW: *recorded on cuda-nvidia-h200-x1*other hardware is never compared*",
-            "*baselines not updated*not overwritten*",
-        ]
-    )
+    # issue 22 row 13: a usage error before any case runs, the file untouched
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["*holds hardware_key 'cuda-nvidia-h200-x1' but is named for*"])
     assert path.read_bytes() == before
 
 
