@@ -88,6 +88,14 @@ class History:
     def __init__(self, path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> None:
         self.path = path
         self.timeout_s = timeout_s
+        import os
+        import stat
+
+        # a FIFO would block SQLite's first read forever, a device would feed it garbage
+        if os.path.lexists(path) and not stat.S_ISREG(os.stat(path).st_mode if path.exists() else 0):
+            raise HistoryError(
+                f"history {path}: not a regular file (a FIFO, device, directory or dangling link)"
+            )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
@@ -191,7 +199,21 @@ class History:
             query += " AND hardware_key = ?"
             args.append(hardware_key)
         query += " ORDER BY hardware_key, case_id, recorded_at, run_id"
-        return [HistoryRow(*r) for r in self._db.execute(query, args).fetchall()]
+        try:
+            rows = [HistoryRow(*r) for r in self._db.execute(query, args).fetchall()]
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(f"history {self.path}: cannot be read ({exc})") from None
+        for row in rows:  # a file edited by hand: the types the page and the statistics need
+            good = isinstance(row.median_s, (int, float)) and math.isfinite(row.median_s) and row.median_s > 0
+            if not good or not all(
+                isinstance(v, str)
+                for v in (row.run_id, row.case_id, row.session, row.recorded_at, row.hardware_key)
+            ):
+                raise HistoryError(
+                    f"history {self.path}: run {str(row.run_id)[:60]!r} has fields of the wrong type; "
+                    "rebuild the file with `scaleguard history import`"
+                )
+        return rows
 
 
 def _text(value: object) -> str | None:

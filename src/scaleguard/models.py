@@ -134,8 +134,8 @@ class ImageClassifier(Workload):
         return loader_batches(self, batch, device, rank, world, seed, workers, data_root)
 
 
-class TextWorkload(Workload):
-    """A transformer encoder classifying token sequences."""
+class _TokenWorkload(Workload):
+    """Token-id workloads: one constructor for their vocabulary, sequence and transformer size."""
 
     sample = "sequences"
 
@@ -151,12 +151,17 @@ class TextWorkload(Workload):
         weak: int,
         profiles: tuple[str, ...],
         precisions: tuple[str, ...] = ("fp32", "bf16"),
+        scalings: tuple[str, ...] = ("strong", "weak"),
     ) -> None:
         self.name, self.vocab, self.seq_len = name, vocab, seq_len
         self.dims = (d_model, heads, layers)
         self.tokens_per_sample = seq_len
         self.strong_global_batch, self.weak_per_rank_batch = strong, weak
-        self.profiles, self.precisions = profiles, precisions
+        self.profiles, self.precisions, self.scalings = profiles, precisions, scalings
+
+
+class TextWorkload(_TokenWorkload):
+    """A transformer encoder classifying token sequences."""
 
     def build(self) -> nn.Module:
         d_model, heads, layers = self.dims
@@ -170,31 +175,10 @@ class TextWorkload(Workload):
         return [m for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)]
 
 
-class DecoderWorkload(Workload):
+class DecoderWorkload(_TokenWorkload):
     """Next-token prediction with a GPT-style decoder on synthetic token ids (bf16 autocast)."""
 
-    sample = "sequences"
     modes = ("single", "ddp", "fsdp", "compile")  # nobody trains a decoder with DataParallel
-
-    def __init__(
-        self,
-        name: str,
-        vocab: int,
-        seq_len: int,
-        d_model: int,
-        heads: int,
-        layers: int,
-        strong: int,
-        weak: int,
-        profiles: tuple[str, ...],
-        precisions: tuple[str, ...],
-        scalings: tuple[str, ...] = ("strong", "weak"),
-    ) -> None:
-        self.name, self.vocab, self.seq_len = name, vocab, seq_len
-        self.dims = (d_model, heads, layers)
-        self.tokens_per_sample = seq_len
-        self.strong_global_batch, self.weak_per_rank_batch = strong, weak
-        self.profiles, self.precisions, self.scalings = profiles, precisions, scalings
 
     def build(self) -> nn.Module:
         d_model, heads, layers = self.dims

@@ -328,33 +328,31 @@ class PerfState:
             return f"scaleguard: history not updated ({type(exc).__name__}: {exc}); this is a scaleguard bug"
         return f"scaleguard: history {path}: {added} runs appended"
 
-    def peak_tflops(self) -> float | None:
-        text = self.option("peak-tflops")
+    def positive(self, name: str, hi: float, unit: str) -> float | None:
+        """A finite number in (0, hi] from ``--perf-NAME`` or its ini twin; None when unset."""
+        text = self.option(name)
         if text is None:
             return None
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or not 0 < value <= 1e6:
-            raise pytest.UsageError(f"--perf-peak-tflops takes TFLOPS (e.g. 989), got {text!r}")
+        if not math.isfinite(value) or not 0 < value <= hi:
+            raise pytest.UsageError(f"--perf-{name} takes {unit}, got {text!r}")
         return value
+
+    def peak_tflops(self) -> float | None:
+        return self.positive("peak-tflops", 1e6, "TFLOPS (e.g. 989)")
 
     def foreign_limit(self) -> float | None:
         """Cores of foreign load that disturb a run; None when the check is off."""
         if self.flag("perf_no_load_check"):
             return None
-        text = self.option("foreign-load-limit")
-        if text is None:
+        value = self.positive("foreign-load-limit", 1024, "cores (e.g. 0.25)")
+        if value is None:
             from scaleguard.foreign_load import DEFAULT_LIMIT_CORES
 
             return DEFAULT_LIMIT_CORES
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or not 0 < value <= 1024:
-            raise pytest.UsageError(f"--perf-foreign-load-limit takes cores (e.g. 0.25), got {text!r}")
         return value
 
     def ab_sides(self) -> tuple[Any, Any] | None:
@@ -484,7 +482,9 @@ class PerfState:
             speed = run_probe()
             if speed is not None:
                 self.session.ledger.machine = speed.to_dict()
-            progress(_machine_line(speed, self.baseline_context().file))
+            from scaleguard.report import machine_line
+
+            progress(machine_line(speed, self.baseline_context().file))
         return self.session
 
     def schedule(self) -> Any:
@@ -518,31 +518,6 @@ class PerfState:
             return value
         planned = self.planned()
         return 900.0 if planned and planned[0].spec.device == "cuda" else 300.0
-
-
-def _machine_line(speed: Any, baseline_file: Any) -> str:
-    """This session's probe beside the baseline runs' (issue 21: a faster or slower machine of
-    the same hardware key moves every case with it)."""
-    if speed is None:
-        return "machine probe: could not run (no figure for this session)"
-    scores = []
-    if baseline_file is not None:
-        scores = [
-            float(run.machine["score"])
-            for by_torch in baseline_file.cases.values()
-            for entry in by_torch.values()
-            for run in entry.runs
-            if run.machine.get("score")
-        ]
-    if not scores:
-        return f"{speed.describe()}; the baseline's runs carry no probe"
-    import statistics
-
-    median = statistics.median(scores)
-    return (
-        f"{speed.describe()}; the baseline's runs: median {median:.3f} over {len(scores)} runs "
-        f"(this machine {speed.score / median - 1:+.0%})"
-    )
 
 
 STATE = pytest.StashKey[PerfState]()

@@ -525,3 +525,28 @@ def ab_plot(session: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def machine_line(speed: Any, baseline_file: Any) -> str:
+    """This session's probe beside the baseline runs' (issue 21: a faster or slower machine of
+    the same hardware key moves every case with it)."""
+    if speed is None:
+        return "machine probe: could not run (no figure for this session)"
+    scores = []
+    if baseline_file is not None:
+        scores = [
+            float(run.machine["score"])
+            for by_torch in baseline_file.cases.values()
+            for entry in by_torch.values()
+            for run in entry.runs
+            if run.machine.get("score")
+        ]
+    if not scores:
+        return f"{speed.describe()}; the baseline's runs carry no probe"
+    import statistics
+
+    median = statistics.median(scores)
+    return (
+        f"{speed.describe()}; the baseline's runs: median {median:.3f} over {len(scores)} runs "
+        f"(this machine {speed.score / median - 1:+.0%})"
+    )

@@ -135,3 +135,24 @@ def test_the_cli_imports_idempotently_and_names_the_change_point_and_its_builds(
     assert cli_main(["history", "--history", str(bad)]) == 2
     assert "not a usable scaleguard history" in capsys.readouterr().err
     assert cli_main(["history", "import", str(tmp_path / "missing.json"), "--history", str(path)]) == 2
+
+
+def test_a_fifo_a_device_or_a_hand_edited_history_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = tmp_path / "h.fifo"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.sqlite"
+    zero.symlink_to("/dev/zero")
+    for bad in (fifo, zero, tmp_path):
+        assert cli_main(["history", "--history", str(bad)]) == 2
+        assert "not a regular file" in capsys.readouterr().err
+    path = tmp_path / "h.sqlite"
+    with history.History(path) as db:
+        db.append(nights([0.1]), KEY, "suite")
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE runs SET median_s = 'fast'")
+    conn.commit()
+    conn.close()
+    assert cli_main(["history", "--history", str(path)]) == 2
+    assert "fields of the wrong type" in capsys.readouterr().err

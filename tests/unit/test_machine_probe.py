@@ -10,7 +10,7 @@ from scaleguard import baseline
 from scaleguard.evidence import RunRecord
 from scaleguard.ledger import Ledger
 from scaleguard.machine_probe import MachineSpeed, run_probe
-from scaleguard.plugin import _machine_line
+from scaleguard.report import machine_line as _machine_line
 from tests.conftest import tiny_spec
 from tests.unit.test_session import result
 from tests.unit.test_verdicts import case, run
