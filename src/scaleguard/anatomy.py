@@ -30,6 +30,10 @@ CATEGORIES = (*PHASES, "exposed communication")
 TOP_OPS = 8
 # annotations and profiler bookkeeping that are not ops of the model
 _NOT_OPS = ("ProfilerStep", "cudaDeviceSynchronize", "Memcpy", "[memory]")
+# CUDA runtime calls (cudaLaunchKernel, cuLaunchKernel, ...) are how ops launch, not ops
+_RUNTIME = ("cuda", "cuLaunch", "cuMem", "cuStream", "cuEvent", "cuCtx")
+# the row that holds device time launched outside any op
+OUTSIDE_OPS = "kernels outside any op"
 
 
 @dataclass(frozen=True)
@@ -168,12 +172,22 @@ def top_ops(averages: Sequence[Any], on_device: bool) -> tuple[OpTime, ...]:
         e
         for e in averages
         if not e.key.startswith(_NOT_OPS)
+        and not (on_device and e.key.startswith(_RUNTIME))
         and not getattr(e, "is_user_annotation", False)
         and str(getattr(e, "device_type", "CPU")).endswith("CPU")
         and self_us(e) > 0
     ]
     rows.sort(key=self_us, reverse=True)
-    return tuple(OpTime(e.key, float(e.count), self_us(e) / 1e3) for e in rows[:TOP_OPS])
+    top = [OpTime(e.key, float(e.count), self_us(e) / 1e3) for e in rows[:TOP_OPS]]
+    if on_device:
+        # device time of kernels no op launched (a raw CUDA kernel from an extension, a custom
+        # launcher): the device's total less what the ops account for, as one row of its own
+        kernels = sum(self_us(e) for e in averages if not str(getattr(e, "device_type", "CPU")).endswith("CPU"))
+        outside = (kernels - sum(self_us(e) for e in rows)) / 1e3
+        if outside > 0.01:
+            top.append(OpTime(OUTSIDE_OPS, 1.0, outside))
+            top = sorted(top, key=lambda o: -o.ms)[:TOP_OPS]
+    return tuple(top)
 
 
 def _median_ms(anatomies: Sequence[Anatomy]) -> dict[str, float]:

@@ -7,7 +7,9 @@ non-finite), ``oom`` (a real out-of-memory on CUDA, a simulated one on CPU), ``c
 (DDP all-reduce delayed by ``ms`` per bucket on world sizes > 1: a communication regression),
 and ``slow`` (a compute regression: each step made ``pct`` percent longer on CPU by busy work,
 or ``ms`` longer on CUDA by a device-side spin queued after the step; with ``at=backward``,
-``ms`` of busy work or GPU spin inside the backward pass, on either device).
+``ms`` of busy work or GPU spin inside the backward pass, on either device; with ``on=host``,
+busy work of the launching thread on CUDA too: a host-side slowdown, which a device-bound
+step hides behind its queue and a launch-bound one shows).
 The parent reads the variable when it hands a run to its ranks; nothing is injected unless it
 is set. The worker knows three seams only: ``fire`` (at a phase and step), ``instrument_model``
 and ``wrap_step``.
@@ -45,6 +47,7 @@ class FaultSpec:
     ms: float = 0.0
     pct: float = 0.0
     at: str = "step"  # slow: "step" (after every step) or "backward" (inside the backward pass)
+    on: str = "device"  # slow on CUDA: "device" (a GPU spin) or "host" (the launching thread busy)
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -55,7 +58,7 @@ class FaultSpec:
         for pair in pairs:
             key, _, value = pair.partition("=")
             values[key] = value
-        unknown = set(values) - {"rank", "phase", "step", "ms", "pct", "at"}
+        unknown = set(values) - {"rank", "phase", "step", "ms", "pct", "at", "on"}
         if unknown:
             raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
         return cls(
@@ -66,6 +69,7 @@ class FaultSpec:
             ms=float(values.get("ms", 0.0)),
             pct=float(values.get("pct", 0.0)),
             at=_choice(values.get("at", "step"), ("step", "backward"), "at"),
+            on=_choice(values.get("on", "device"), ("device", "host"), "on"),
         )
 
     def applies(self, rank: int, phase: str, step: int) -> bool:
@@ -109,7 +113,7 @@ class FaultSpec:
 
     def _delay(self, device: torch.device) -> Callable[[], None]:
         """``ms`` of busy work: a GPU spin queued on the stream, or a busy host loop."""
-        if device.type == "cuda":
+        if device.type == "cuda" and self.on == "device":
             cycles = int(self.ms * _spin_cycles_per_ms(device))
             return lambda: torch.cuda._sleep(cycles)
 
@@ -121,6 +125,14 @@ class FaultSpec:
         return busy
 
     def _slowed(self, step: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+        if device.type == "cuda" and self.on == "host":
+            busy = self._delay(device)
+
+            def slowed_host() -> torch.Tensor:
+                busy()  # before the step's launches: the device waits only if its queue runs dry
+                return step()
+
+            return slowed_host
         if device.type == "cuda":
             # spin the GPU after the step's kernels: device time, no host sync. The spin is
             # sized from a one-off timing of it (cycles per ms at this clock)

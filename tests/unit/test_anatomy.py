@@ -38,6 +38,39 @@ def test_slower_backward_names_backward_and_the_op_that_grew() -> None:
     assert text == ("slower: backward +3.00 ms/step (10.00 -> 13.00); top op: aten::mm +3.00 ms/step (+75%)")
 
 
+def test_device_time_no_op_launched_is_a_row_of_its_own_and_named_when_material() -> None:
+    from types import SimpleNamespace as Event
+
+    from scaleguard.anatomy import OUTSIDE_OPS, top_ops
+
+    def cpu(key: str, device_us: float) -> Event:
+        return Event(key=key, count=1, self_device_time_total=device_us, device_type="DeviceType.CPU")
+
+    def kernel(key: str, device_us: float) -> Event:
+        return Event(key=key, count=1, self_device_time_total=device_us, device_type="DeviceType.CUDA")
+
+    # aten::mm launched 3 ms of sm90_gemm; a raw spin kernel of 2.8 ms came from no op; the
+    # runtime's launch call is not an op
+    averages = [
+        cpu("aten::mm", 3000.0),
+        kernel("sm90_gemm", 3000.0),
+        kernel("spin_kernel", 2800.0),
+        cpu("cudaLaunchKernel", 2800.0),
+    ]
+    rows = top_ops(averages, on_device=True)
+    assert [r.name for r in rows] == ["aten::mm", OUTSIDE_OPS] and rows[1].ms == pytest.approx(2.8)
+    quiet = replace_ops(anatomy(), (OpTime("aten::mm", 12, 4.0),))
+    slow = replace_ops(anatomy(backward=12.8), (OpTime("aten::mm", 12, 4.0), OpTime(OUTSIDE_OPS, 1, 2.8)))
+    text = explain([quiet], [slow], step_change_ms=2.8)
+    assert text is not None and f"top op: {OUTSIDE_OPS} +2.80 ms/step (new in the top ops)" in text
+
+
+def replace_ops(a: Anatomy, ops: tuple[OpTime, ...]) -> Anatomy:
+    import dataclasses
+
+    return dataclasses.replace(a, top_ops=ops, op_clock="device")
+
+
 def test_no_anatomy_on_either_side_explains_nothing() -> None:
     assert explain([], [anatomy()]) is None and explain([anatomy()], []) is None
     assert explain([anatomy()], [anatomy()]) == "step anatomy: no category grew by more than 0.05 ms/step"

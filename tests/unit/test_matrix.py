@@ -95,6 +95,10 @@ def test_fault_spec_parsing() -> None:
     assert FaultSpec.parse("commdelay,ms=5").ms == 5.0
     with pytest.raises(ValueError, match="unknown fault"):
         FaultSpec.parse("explode")
+    host = FaultSpec.parse("slow,ms=3,on=host")
+    assert host.on == "host" and FaultSpec.parse("slow,ms=3").on == "device"
+    with pytest.raises(ValueError, match="on='gpu'"):
+        FaultSpec.parse("slow,ms=3,on=gpu")
 
 
 def test_allreduce_reference_is_one_ddp_case_per_world_size_above_one() -> None:
