@@ -1,8 +1,8 @@
 #!/bin/bash
 # The one-H200 night (issues 18 and 19). Usage: benchmarks/h200_night.sh PHASE OUTDIR
 #   record-decoder  tests/gpu; the decoder's default cases recorded into the committed baseline
-#                   (README recipe, 2 runs each); the hand-written decoder loop against that session
-#   explain         decoder ddp/fsdp/compile at ws1 (tokens/s, MFU); injected device- and host-side
+#                   (README recipe, 2 runs each)
+#   explain         the hand-written decoder loop against that session ($DECODER_JSON); decoder ddp/fsdp/compile at ws1 (tokens/s, MFU); injected device- and host-side
 #                   delays of known size against a same-machine baseline with anatomy (item 5);
 #                   the bimodal host-bound case under other thread placements
 #   judge           the README's main command, as a user runs it, timed, full log
@@ -19,15 +19,16 @@ python -c "import torch, torchvision; torch.zeros(1, device='cuda')"
 (nproc; lscpu | grep -E "Model name|Socket|NUMA node|MHz"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv) > "$out/machine.txt" 2>&1
 case $phase in
   record-decoder)
-    timeout -s INT 170 python -m pytest tests/gpu -v -rfE 2>&1 | stamp > "$out/gpu-tests.log"
+    timeout -s INT 240 python -m pytest tests/gpu -v -rfE --durations=0 2>&1 | stamp > "$out/gpu-tests.log"
     tail -15 "$out/gpu-tests.log"
-    timeout -s INT 300 python -m pytest perf/ -k gpt2_small -v -rfE --perf-update-baselines --perf-repeats 2 \
+    timeout -s INT 270 python -m pytest perf/ -k gpt2_small -v -rfE --perf-update-baselines --perf-repeats 2 \
       --benchmark-save=decoder --benchmark-storage="file://$out/bench" --benchmark-json="$out/decoder.json" \
       2>&1 | stamp > "$out/record-decoder.log"
     grep -E "PASSED|FAILED|ERROR|scaleguard|passed|failed|NEW|REGRESSED" "$out/record-decoder.log" | cut -c1-220 | tail -40
-    cp baselines/cuda-nvidia-h200-x1.json "$out/"
-    timeout 90 python benchmarks/handwritten_decoder.py --suite-json "$out/decoder.json" 2>&1 | tee "$out/hand-decoder.txt" ;;
+    cp baselines/cuda-nvidia-h200-x1.json "$out/" ;;
   explain)
+    # the suite's JSON of the recording session travels back in with the working tree (DECODER_JSON)
+    timeout 80 python benchmarks/handwritten_decoder.py --suite-json "${DECODER_JSON:-none}" 2>&1 | tee "$out/hand-decoder.txt"
     timeout -s INT 150 python -m pytest perf/ -k "gpt2_small and strong" --perf-modes ddp,fsdp,compile -v -rfE \
       --perf-no-history --benchmark-json="$out/decoder-modes.json" 2>&1 | stamp > "$out/decoder-modes.log"
     grep -E "gpt2|tokens" "$out/decoder-modes.log" | cut -c1-260 | tail -20
@@ -36,12 +37,12 @@ case $phase in
     common=(perf/ -k "$sel" --perf-inputs synthetic --perf-baselines "$base" --perf-no-history -rfE)
     timeout -s INT 100 python -m pytest "${common[@]}" --perf-update-baselines --perf-repeats 2 2>&1 | stamp > "$out/explain-record.log"
     tail -3 "$out/explain-record.log"
-    for fault in "slow,ms=2.8,at=backward" "slow,ms=2.8" "slow,ms=12,at=backward,on=host"; do
+    for fault in "slow,ms=2.8,at=backward" "slow,ms=12,at=backward,on=host"; do
       SCALEGUARD_INJECT_FAULT=$fault timeout -s INT 75 python -m pytest "${common[@]}" 2>&1 | stamp > "$out/explain-$fault.log"
       echo "== $fault"; grep -E "REGRESSED|OK|IMPROVED|slower|phases|op" "$out/explain-$fault.log" | grep -v "^.*PASSED" | cut -c1-400 | head -12
     done
     # the bimodal host-launch-bound case: default placement, then every rank pinned to 8 cores
-    for i in 1 2; do
+    for i in 1; do
       timeout -s INT 40 python -m pytest perf/ -k "resnet50-ddp-ws1-bf16-weak and not loader" --perf-no-history -q \
         --benchmark-json="$out/weak-default-$i.json" > "$out/weak-default-$i.log" 2>&1
       timeout -s INT 40 taskset -c 0-7 python -m pytest perf/ -k "resnet50-ddp-ws1-bf16-weak and not loader" \

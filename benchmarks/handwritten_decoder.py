@@ -114,7 +114,7 @@ def main() -> int:
     hand = hand_tokens_per_s(args.warmup, args.steps, args.repeats)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"hand-written loop, GPT-2 small bs {BATCH} x {SEQ} bf16: {hand:,.0f} tokens/s")
-    suite = suite_tokens_per_s(args.suite_json) if args.suite_json else None
+    suite = suite_tokens_per_s(args.suite_json) if args.suite_json and args.suite_json.is_file() else None
     if suite:
         delta = (suite["mean"] - hand) / hand
         print(
