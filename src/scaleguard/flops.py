@@ -52,24 +52,26 @@ def count_step_flops(
     model: nn.Module,
     loss_of: Any,
     batch: tuple[torch.Tensor, ...],
-    autocast: contextlib.AbstractContextManager[Any],
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+    device_type: str = "meta",
 ) -> float:
     """FLOPs of one forward and backward of ``model`` on ``batch``, counted once per ``key``
-    (workload, per-rank batch, precision, device type) in this process."""
+    (workload, per-rank batch, precision, device type) in this process. On ``meta`` (the
+    harness's default) nothing runs: the counter sees every op's shapes, and a count does not
+    depend on the dtype, so autocast is not needed there."""
     if key not in _COUNTED:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
-        # on CPU, SDPA's fused kernel has no FLOP formula: count attention as the math it is
-        # (on CUDA the flash and efficient kernels have theirs, and the math path would
-        # materialise T x T scores)
+        # off CUDA, SDPA has no fused kernel with a FLOP formula: count attention as the math
+        # it is (the same 4·B·H·T²·d forward, twice that backward, as the flash formula; on
+        # CUDA the math path would materialise T x T scores)
         math_attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-        if key[3] == "cpu":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
+        if device_type != "cuda":
             math_attention = sdpa_kernel(SDPBackend.MATH)
         with counter, math_attention:
-            with autocast:
+            with autocast if autocast is not None else contextlib.nullcontext():
                 loss = loss_of(model, batch)
             loss.backward()
         model.zero_grad(set_to_none=True)

@@ -94,3 +94,64 @@ def test_a_workload_must_be_usable_before_any_rank_starts() -> None:
         check(object(), "x")
     with pytest.raises(ValueError, match="unknown model 'nope'"):
         Registry().get("nope")
+
+
+def _cpu_spec(model: str) -> object:
+    (case,) = [
+        p.spec
+        for p in plan(MatrixOptions(device="cpu", models=(model,), modes=("single",), world_sizes=(1,),
+                                    scalings=("strong",), inputs=("synthetic",)), GpuInventory(0, ()), 2)
+        if p.skip_reason is None
+    ][:1]
+    return case
+
+
+@pytest.mark.parametrize("name", ["resnet18_cifar", "decoder_tiny"])
+def test_the_harness_counts_on_meta_what_a_real_forward_and_backward_computes(name: str) -> None:
+    from scaleguard.worker import _step_flops
+
+    spec = _cpu_spec(name)
+    workload = BUILTINS[name]
+    model = workload.build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _COUNTED.clear()
+    harness = _step_flops(workload, spec, model, torch.device("cpu"), contextlib.nullcontext)
+    batch = workload.synthetic_batch(spec.per_rank_batch, torch.Generator().manual_seed(0))
+    _COUNTED.clear()
+    real = count_step_flops(("real", 0, "", "cpu"), workload.build(), workload.loss, batch, None, "cpu")
+    assert harness == real > 0
+    # the case's own model never ran: no gradients, no moved BatchNorm statistics
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+class _NeedsRealData(Workload):
+    """A build that reads its tensors' values: it cannot run on the meta device."""
+
+    name = "needs_real_data"
+    sample = "rows"
+
+    def build(self) -> torch.nn.Module:
+        layer = torch.nn.Linear(16, 4)
+        if float(layer.weight.detach().abs().sum()) < 0:  # .item() of a meta tensor raises
+            raise AssertionError
+        return layer
+
+    def synthetic_batch(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        return torch.randn(batch, 16, generator=generator), torch.randint(0, 4, (batch,), generator=generator)
+
+
+def test_a_workload_that_cannot_run_on_meta_is_counted_on_its_device() -> None:
+    from scaleguard.worker import _step_flops
+
+    workload = _NeedsRealData()
+    with pytest.raises(Exception):  # noqa: B017 - whatever meta raises, the harness falls back
+        with torch.device("meta"):
+            workload.build()
+    spec = _cpu_spec("resnet18_cifar")
+    model = workload.build()
+    _COUNTED.clear()
+    flops = _step_flops(workload, spec, model, torch.device("cpu"), contextlib.nullcontext)
+    # forward 2·B·16·4, backward the weight gradient only (the input needs none)
+    assert flops == 2 * spec.per_rank_batch * 16 * 4 * 2
+    assert model.training and all(p.grad is None for p in model.parameters())
