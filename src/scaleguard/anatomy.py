@@ -182,7 +182,9 @@ def top_ops(averages: Sequence[Any], on_device: bool) -> tuple[OpTime, ...]:
     if on_device:
         # device time of kernels no op launched (a raw CUDA kernel from an extension, a custom
         # launcher): the device's total less what the ops account for, as one row of its own
-        kernels = sum(self_us(e) for e in averages if not str(getattr(e, "device_type", "CPU")).endswith("CPU"))
+        kernels = sum(
+            self_us(e) for e in averages if not str(getattr(e, "device_type", "CPU")).endswith("CPU")
+        )
         outside = (kernels - sum(self_us(e) for e in rows)) / 1e3
         if outside > 0.01:
             top.append(OpTime(OUTSIDE_OPS, 1.0, outside))

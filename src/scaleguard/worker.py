@@ -296,7 +296,8 @@ def _step_flops(
     key = (spec.workload or spec.model, spec.per_rank_batch, spec.precision, device.type)
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         try:
-            return count_step_flops(key, _on_meta(workload), workload.loss, tuple(t.to("meta") for t in batch))
+            meta_batch = tuple(t.to("meta") for t in batch)
+            return count_step_flops(key, _on_meta(workload), workload.loss, meta_batch)
         except Exception:  # noqa: BLE001 - a build or loss that needs real data: count on the device
             pass
         model.eval()
