@@ -41,7 +41,7 @@ case $phase in
       echo "== $fault"; grep -E "REGRESSED|OK|IMPROVED|slower|phases|op" "$out/explain-fault$i.log" | grep -v "PASSED" | cut -c1-500 | head -12
     done
     # the bimodal host-launch-bound case: default placement, then the rank pinned to 8 cores
-    for i in 1 2; do
+    for i in $(seq 1 "${BIMODAL_RUNS:-2}"); do
       timeout -s INT 45 python -m pytest perf/ -k "resnet50-ddp-ws1-bf16-weak and not loader" --perf-no-history -q \
         --perf-baselines "$base" --benchmark-json="$out/weak-default-$i.json" > "$out/weak-default-$i.log" 2>&1
       timeout -s INT 45 taskset -c 0-7 python -m pytest perf/ -k "resnet50-ddp-ws1-bf16-weak and not loader" \
