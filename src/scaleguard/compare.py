@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -165,6 +166,63 @@ def thresholds_for(case_id: str, default: Thresholds, per_case: Sequence[str | C
     return chosen
 
 
+# The probe's own spread on one machine (best of 2 probes, each kernel's best of several): over
+# 10 sessions on one 2-core VM the one-core loop spanned 7.6 % and the all-cores loop 9.7 %
+# (README, "How fast is this machine"). Machines closer than this are the same speed as far as
+# the probe can tell.
+PROBE_NOISE = 0.10
+
+
+@dataclass(frozen=True)
+class MachineDiff:
+    """How much slower this session's machine runs the probe than the baseline runs' machines.
+
+    ``factor`` is the step-time factor of a fully host-bound case (baseline's Python ops/s over
+    this machine's): 1.9 on a machine half as fast. A GPU-bound case moves by about 1, a
+    host-launch-bound one by up to ``factor``; the probe cannot tell which a case is, so the
+    verdict allows any move between the two in the machine's direction and judges what is
+    beyond it. Measured on the H200: machines of one kind ran the probe at 8.8 and 16.8 M ops/s;
+    their host-bound cases were 26.7 and 16.4 ms, the GPU-bound ones within 0.5 %."""
+
+    factor: float
+    new_ops: float
+    old_ops: float
+    old_runs: int
+    all_cores: bool = False  # the all-cores loop (CPU cases) rather than the one-core loop
+
+    @property
+    def differs(self) -> bool:
+        return abs(math.log(self.factor)) > math.log1p(PROBE_NOISE)
+
+    def describe(self) -> str:
+        speed = self.new_ops / self.old_ops - 1  # >0: the probe runs faster here
+        return (
+            f"this machine runs the probe {abs(speed):.0%} {'faster' if speed > 0 else 'slower'} than "
+            f"the baseline's ({self.new_ops / 1e6:.1f} vs {self.old_ops / 1e6:.1f} M ops/s"
+            f"{' on all cores' if self.all_cores else ''}, median of {_runs(self.old_runs)})"
+        )
+
+
+def machine_diff(new: CaseEvidence, old: CaseEvidence) -> MachineDiff | None:
+    """This session's probe against the baseline runs'; None when either side has none."""
+
+    def ops(runs: Sequence[Any], key: str) -> list[float]:
+        values = [r.machine.get(key) for r in runs]
+        return [float(v) for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+
+    # a GPU case's host work is one Python thread per rank: the one-core loop; a CPU case uses
+    # every core (threads per rank x ranks): the all-cores loop, where a CPU quota shows
+    keys = ["python_ops_per_s"]
+    if new.config.get("device") == "cpu":
+        keys.insert(0, "parallel_ops_per_s")
+    for key in keys:
+        new_ops, old_ops = ops(new.evidence, key), ops(old.evidence, key)
+        if new_ops and old_ops:
+            here, there = statistics.median(new_ops), statistics.median(old_ops)
+            return MachineDiff(there / here, here, there, len(old_ops), key != "python_ops_per_s")
+    return None
+
+
 @dataclass(frozen=True)
 class Verdict:
     case_id: str
@@ -176,6 +234,8 @@ class Verdict:
     baseline: CaseEvidence | None = None
     scaling_regression: bool = False
     needed_step: float | None = None  # the change the step time had to exceed
+    machine: MachineDiff | None = None  # set when this machine's probe differs from the baseline's
+    machine_moved: bool = False  # the step moved beyond the threshold, but only as far as the machine
 
     @property
     def failed(self) -> bool:
@@ -201,6 +261,8 @@ class _Findings:
     mem_worse: bool
     needed: float
     needed_eff: float | None
+    machine: MachineDiff | None = None
+    machine_moved: bool = False
 
 
 def _young(old: CaseEvidence, thr: Thresholds) -> bool:
@@ -216,10 +278,31 @@ def _examine(
         min_spread=thr.min_spread, young=young,
     )  # fmt: skip
     needed = max(thr.step, thr.k_spread * step.spread)
-    slower = step.change > needed and step.p_up < thr.alpha
-    # symmetric on the log scale: 1 / (1 + needed) - 1
-    faster = step.change < -needed / (1 + needed) and step.p_down < thr.alpha
-    suspect = (step.change > needed or step.change < -needed / (1 + needed)) and not (slower or faster)
+    slower, faster, suspect = _step_findings(step, needed, thr)
+    machine = machine_diff(new, old)
+    machine_moved = False
+    if machine is not None and machine.differs:
+        # judge the machine's direction on steps divided by the whole host factor (what a fully
+        # host-bound case would do), the other direction as measured: a slower machine can
+        # hide no speed-up and a faster one no slowdown, and a change beyond the machine's
+        # reach is still a change
+        adjusted = run_shift(
+            [m / machine.factor for m in new.medians()], old.medians(), relative=True,
+            prior_spread=thr.prior_spread, min_spread=thr.min_spread, young=young,
+        )  # fmt: skip
+        a_slower, a_faster, _ = _step_findings(adjusted, needed, thr)
+        raw_beyond = step.change > needed or step.change < -needed / (1 + needed)
+        if machine.factor > 1:
+            slower = a_slower
+            suspect = (adjusted.change > needed and not a_slower) or (suspect and step.change < 0)
+        else:
+            faster = a_faster
+            suspect = (adjusted.change < -needed / (1 + needed) and not a_faster) or (
+                suspect and step.change > 0
+            )
+        machine_moved = raw_beyond and not (slower or faster or suspect)
+    elif machine is not None:
+        machine = None  # the same speed as far as the probe can tell: nothing to say
     eff = None
     needed_eff = None
     eff_worse = False
@@ -241,7 +324,19 @@ def _examine(
             new.memories(), old.memories(), relative=True, prior_spread=0.01, min_spread=0.002, young=young
         )
         mem_worse = mem.change > max(thr.memory, thr.k_spread * mem.spread) and mem.p_up < thr.alpha
-    return step, eff, mem, _Findings(slower, faster, suspect, eff_worse, mem_worse, needed, needed_eff)
+    found = _Findings(
+        slower, faster, suspect, eff_worse, mem_worse, needed, needed_eff, machine, machine_moved
+    )
+    return step, eff, mem, found
+
+
+def _step_findings(step: Shift, needed: float, thr: Thresholds) -> tuple[bool, bool, bool]:
+    """(slower, faster, suspect) for a step-time shift against the needed change."""
+    slower = step.change > needed and step.p_up < thr.alpha
+    # symmetric on the log scale: 1 / (1 + needed) - 1
+    faster = step.change < -needed / (1 + needed) and step.p_down < thr.alpha
+    suspect = (step.change > needed or step.change < -needed / (1 + needed)) and not (slower or faster)
+    return slower, faster, suspect
 
 
 def decide(
@@ -295,7 +390,9 @@ def decide(
         status = Status.INCONCLUSIVE
     else:
         status = Status.OK
-    verdict = Verdict(cid, status, "", step, eff, mem, old, scaling, found.needed)
+    verdict = Verdict(
+        cid, status, "", step, eff, mem, old, scaling, found.needed, found.machine, found.machine_moved
+    )
     return replace(verdict, story=story(verdict, new, old, thr, found, ws1_status))
 
 
@@ -359,6 +456,13 @@ def story(
             f"a change beyond {found.needed:.1%} (max of the {thr.step:.0%} threshold and "
             f"{thr.k_spread:g} x the run-to-run spread) is not significant at p<{thr.alpha:g} "
             "with these runs: not judged"
+        )
+    if found.machine is not None:
+        reach = found.machine.factor - 1
+        parts.append(
+            found.machine.describe()
+            + f"; a host-bound step moves up to {_pct(reach)} with it"
+            + (": the step moved with the machine, not judged a change" if found.machine_moved else "")
         )
     if verdict.status is Status.OK and found.needed > thr.step * 1.01:
         parts.append(f"this case resolves changes beyond {found.needed:.0%} only (its run-to-run spread)")

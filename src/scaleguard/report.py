@@ -238,6 +238,16 @@ def verdict_lines(verdicts: Sequence[Verdict]) -> list[str]:
             new.setdefault(reason, []).append(verdict.case_id)
         elif verdict.status is not Status.OK:
             lines.append(verdict.story)
+    moved = [v for v in verdicts if v.machine_moved and v.machine is not None and v.step is not None]
+    if moved:
+        changes = sorted(v.step.change for v in moved if v.step is not None)
+        machine = moved[0].machine
+        assert machine is not None
+        lines.append(
+            f"scaleguard: {machine.describe()}; {len(moved)} case{'s' if len(moved) != 1 else ''} moved "
+            f"{changes[0]:+.0%} to {changes[-1]:+.0%} with it (a host-bound step can move up to "
+            f"{machine.factor - 1:+.0%}): not judged changes of the workload"
+        )
     for reason, cases in new.items():
         if len(cases) == 1:
             lines.append(f"{cases[0]} NEW: {reason.replace('<case>', cases[0])}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -196,3 +197,71 @@ def test_new_cases_with_one_reason_are_said_once() -> None:
     )
     assert "--perf-update-baselines records them (c0, c1, c2, c3 and 2 more)" in lines[1]
     assert lines[2] == "n NEW: no baseline entry for n" and len(lines) == 3
+
+
+def _on(runs: list[RunRecord], ops: float) -> list[RunRecord]:
+    from dataclasses import replace
+
+    return [replace(r, machine={"python_ops_per_s": ops, "score": ops / 1e7}) for r in runs]
+
+
+MACHINE_BASE = _on(spread_runs(10, 0.1, 0.005, seed=11), 16e6)
+
+
+@pytest.mark.parametrize(
+    ("ops", "median", "expected"),
+    [
+        # a machine half as fast (factor 2): a host-bound case +60 % moved with it
+        (8e6, 0.16, Status.OK),
+        # the same machine +60 %: a real change
+        (16e6, 0.16, Status.REGRESSED),
+        # half as fast and +200 %: beyond what the machine can explain
+        (8e6, 0.30, Status.REGRESSED),
+        # a machine twice as fast: -40 % moved with it, not an improvement
+        (32e6, 0.06, Status.OK),
+        # twice as fast and yet +60 % slower: a regression the faster machine cannot hide
+        (32e6, 0.16, Status.REGRESSED),
+        # half as fast and yet -40 %: a real improvement
+        (8e6, 0.06, Status.IMPROVED),
+        # half as fast, GPU-bound (did not move): OK
+        (8e6, 0.1, Status.OK),
+    ],
+)
+def test_a_machine_of_another_speed_moves_cases_without_failing_them(
+    ops: float, median: float, expected: Status
+) -> None:
+    new = case(_on(spread_runs(3, median, 0.005, seed=12), ops))
+    verdict = decide(new, case(MACHINE_BASE), CUDA)
+    assert verdict.status is expected, verdict.story
+    if ops != 16e6:
+        assert verdict.machine is not None and "than the baseline's" in verdict.story
+        moved = expected is Status.OK and median != 0.1
+        assert verdict.machine_moved is moved, verdict.story
+        if moved:
+            assert "moved with the machine" in verdict.story
+    else:
+        assert verdict.machine is None and "probe" not in verdict.story
+
+
+def test_a_probe_within_its_own_noise_is_the_same_machine() -> None:
+    new = case(_on(spread_runs(3, 0.16, 0.005, seed=13), 16e6 * 0.97))
+    verdict = decide(new, case(MACHINE_BASE), CUDA)
+    assert verdict.status is Status.REGRESSED and verdict.machine is None, verdict.story
+
+
+def test_runs_without_a_probe_are_judged_as_before() -> None:
+    new = case(spread_runs(3, 0.16, 0.005, seed=14))
+    assert decide(new, case(MACHINE_BASE), CUDA).status is Status.REGRESSED
+
+
+def test_the_session_says_once_that_cases_moved_with_the_machine() -> None:
+    from scaleguard.report import verdict_lines
+
+    verdicts = [
+        decide(case(_on(spread_runs(3, m, 0.005, seed=20 + i), 8e6)), case(MACHINE_BASE), CUDA)
+        for i, m in enumerate([0.13, 0.17, 0.1])
+    ]
+    lines = verdict_lines(verdicts)
+    (line,) = [x for x in lines if "moved" in x]
+    assert "runs the probe 50% slower than the baseline's" in line
+    assert re.search(r"2 cases moved \+3\d% to \+7\d% with it", line) and "up to +100%" in line
