@@ -539,24 +539,32 @@ def ab_plot(session: Any, path: Path) -> None:
 
 def machine_line(speed: Any, baseline_file: Any) -> str:
     """This session's probe beside the baseline runs' (issue 21: a faster or slower machine of
-    the same hardware key moves every case with it)."""
+    the same hardware key moves every case with it; the verdict allows for it)."""
     if speed is None:
         return "machine probe: could not run (no figure for this session)"
-    scores = []
+    runs = []
     if baseline_file is not None:
-        scores = [
-            float(run.machine["score"])
+        runs = [
+            run.machine
             for by_torch in baseline_file.cases.values()
             for entry in by_torch.values()
             for run in entry.runs
             if run.machine.get("score")
         ]
-    if not scores:
+    if not runs:
         return f"{speed.describe()}; the baseline's runs carry no probe"
     import statistics
 
-    median = statistics.median(scores)
-    return (
-        f"{speed.describe()}; the baseline's runs: median {median:.3f} over {len(scores)} runs "
-        f"(this machine {speed.score / median - 1:+.0%})"
+    median = statistics.median(float(m["score"]) for m in runs)
+    text = (
+        f"{speed.describe()}; the baseline's runs: median {median:.3f} over {len(runs)} runs "
+        f"(this machine {speed.score / median - 1:+.0%}"
     )
+    for key, label, here in (
+        ("python_ops_per_s", "one core", speed.python_ops_per_s),
+        ("parallel_ops_per_s", "all cores", speed.parallel_ops_per_s),
+    ):
+        theirs = [float(m[key]) for m in runs if isinstance(m.get(key), (int, float)) and m[key] > 0]
+        if theirs and here > 0:
+            text += f"; {label} {here / statistics.median(theirs) - 1:+.0%}"
+    return text + ")"

@@ -265,3 +265,25 @@ def test_the_session_says_once_that_cases_moved_with_the_machine() -> None:
     (line,) = [x for x in lines if "moved" in x]
     assert "runs the probe 50% slower than the baseline's" in line
     assert re.search(r"2 cases moved \+3\d% to \+7\d% with it", line) and "up to +100%" in line
+
+
+def test_a_cpu_case_is_judged_by_the_all_cores_probe_a_gpu_case_by_the_one_core_probe() -> None:
+    from dataclasses import replace
+
+    from scaleguard.compare import machine_diff
+
+    def probed(runs: list[RunRecord], one: float, every: float) -> list[RunRecord]:
+        return [replace(r, machine={"python_ops_per_s": one, "parallel_ops_per_s": every}) for r in runs]
+
+    base = probed(spread_runs(5, 0.1, 0.005, seed=30), 16e6, 32e6)
+    # a CPU quota: one core untouched, all cores a quarter
+    new = probed(spread_runs(3, 0.38, 0.005, seed=31), 16e6, 8e6)
+    cpu = decide(case(new, device="cpu"), case(base, device="cpu"), CUDA)
+    assert cpu.status is Status.OK and cpu.machine is not None and cpu.machine.all_cores, cpu.story
+    assert "on all cores" in cpu.story
+    diff = machine_diff(case(new), case(base))
+    assert diff is not None and not diff.differs  # a GPU case: its one core did not slow
+    assert decide(case(new), case(base), CUDA).status is Status.REGRESSED
+    # a loader case on a GPU runner uses cores for its workers: the larger move counts
+    loader = machine_diff(case(new, inputs="loader"), case(base, inputs="loader"))
+    assert loader is not None and loader.all_cores and loader.factor == 4.0

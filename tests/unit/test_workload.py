@@ -99,8 +99,18 @@ def test_a_workload_must_be_usable_before_any_rank_starts() -> None:
 def _cpu_spec(model: str) -> object:
     (case,) = [
         p.spec
-        for p in plan(MatrixOptions(device="cpu", models=(model,), modes=("single",), world_sizes=(1,),
-                                    scalings=("strong",), inputs=("synthetic",)), GpuInventory(0, ()), 2)
+        for p in plan(
+            MatrixOptions(
+                device="cpu",
+                models=(model,),
+                modes=("single",),
+                world_sizes=(1,),
+                scalings=("strong",),
+                inputs=("synthetic",),
+            ),
+            GpuInventory(0, ()),
+            2,
+        )
         if p.skip_reason is None
     ][:1]
     return case
