@@ -37,7 +37,7 @@ case $phase in
     i=0
     for fault in "slow,ms=2.8,at=backward" "slow,ms=12,at=backward,on=host"; do
       i=$((i+1))
-      SCALEGUARD_INJECT_FAULT=$fault timeout -s INT 90 python -m pytest "${common[@]}" 2>&1 | stamp > "$out/explain-fault$i.log"
+      SCALEGUARD_INJECT_FAULT=$fault timeout -s INT "${FAULT_LIMIT:-150}" python -m pytest "${common[@]}" 2>&1 | stamp > "$out/explain-fault$i.log"
       echo "== $fault"; grep -E "REGRESSED|OK|IMPROVED|slower|phases|op" "$out/explain-fault$i.log" | grep -v "PASSED" | cut -c1-500 | head -12
     done
     # the bimodal host-launch-bound case: default placement, then the rank pinned to 8 cores
@@ -50,7 +50,7 @@ case $phase in
     grep -h "resnet50-ddp-ws1-bf16-weak " "$out"/weak-*.log | cut -c1-200 ;;
   judge)
     start=$(date +%s)
-    timeout -s INT "${LIMIT:-560}" python -m pytest perf/ -v -rfE --benchmark-save=nightly \
+    timeout -s INT "${LIMIT:-590}" python -m pytest perf/ -v -rfE --benchmark-save=nightly \
       --benchmark-storage="file://$out/bench" --benchmark-json="$out/nightly.json" 2>&1 | stamp > "$out/judge.log"
     echo "judge session: $(( $(date +%s) - start )) s"
     grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$out/judge.log" | cut -c1-160 | tail -50 ;;
