@@ -35,7 +35,9 @@ case $phase in
     timeout -s INT "${RECORD_LIMIT:-200}" python -m pytest "${common[@]}" --perf-update-baselines --perf-repeats 2 2>&1 | stamp > "$out/explain-record.log"
     tail -3 "$out/explain-record.log"
     i=0
-    for fault in "slow,ms=2.8,at=backward" "slow,ms=12,at=backward,on=host"; do
+    faults=("slow,ms=2.8,at=backward" "slow,ms=12,at=backward,on=host")
+    if [ -n "${FAULTS:-}" ]; then read -r -a faults <<< "$FAULTS"; fi  # e.g. FAULTS="slow,ms=12,at=backward,on=host"
+    for fault in "${faults[@]}"; do
       i=$((i+1))
       SCALEGUARD_INJECT_FAULT=$fault timeout -s INT "${FAULT_LIMIT:-150}" python -m pytest "${common[@]}" 2>&1 | stamp > "$out/explain-fault$i.log"
       echo "== $fault"; grep -E "REGRESSED|OK|IMPROVED|slower|phases|op" "$out/explain-fault$i.log" | grep -v "PASSED" | cut -c1-500 | head -12
