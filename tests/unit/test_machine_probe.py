@@ -43,3 +43,44 @@ def test_the_header_says_how_this_machine_compares_with_the_baseline_runs(tmp_pa
     assert "median 0.500 over 3 runs (this machine +20%)" in line and line.startswith("machine probe 0.600")
     assert "carry no probe" in _machine_line(speed, None)
     assert "could not run" in _machine_line(None, None)
+
+
+def test_a_probe_killed_mid_way_leaves_no_worker() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from scaleguard.machine_probe import _CHILD
+
+    probe = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.DEVNULL)
+
+    def workers() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(stat[1]) == probe.pid and stat[0] != "Z":
+                    found.append(int(entry))
+        return found
+
+    deadline = time.monotonic() + 30
+    while not workers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    seen = workers()
+    assert seen, "the probe started no worker"
+    probe.send_signal(signal.SIGKILL)  # what subprocess.run does to it on Ctrl-C
+    probe.wait()
+    # a worker's own life is >= 6 timed loops (~0.7 s here): gone well before that = killed
+    deadline = time.monotonic() + 0.25
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}/stat") and
+                                              open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+                                              for pid in seen):  # fmt: skip
+        time.sleep(0.05)
+    alive = [pid for pid in seen if os.path.exists(f"/proc/{pid}/stat")
+             and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]  # fmt: skip
+    assert not alive, alive
