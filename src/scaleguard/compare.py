@@ -194,6 +194,12 @@ class MachineDiff:
     def differs(self) -> bool:
         return abs(math.log(self.factor)) > math.log1p(PROBE_NOISE)
 
+    @property
+    def reach(self) -> float:
+        """The step-time factor the verdict forgives in the machine's direction: the host
+        factor, widened by the probe's own noise (the factor is known no better)."""
+        return self.factor * (1 + PROBE_NOISE) if self.factor > 1 else self.factor / (1 + PROBE_NOISE)
+
     def describe(self) -> str:
         speed = self.new_ops / self.old_ops - 1  # >0: the probe runs faster here
         return (
@@ -204,28 +210,28 @@ class MachineDiff:
 
 
 def machine_diff(new: CaseEvidence, old: CaseEvidence) -> MachineDiff | None:
-    """This session's probe against the baseline runs'; None when either side has none."""
+    """This session's probe against the baseline runs'; None when either side has none.
+
+    A GPU case's host work is one Python thread per rank: the one-core loop. A CPU case uses
+    every core (threads per rank x ranks), and a loader case its DataLoader workers too (on the
+    H200 a loader case moved 2.36x between hosts whose one-core loop differed 1.91x): for them
+    whichever of the one-core and all-cores loops moved more (a CPU quota shows only in the
+    latter)."""
 
     def ops(runs: Sequence[Any], key: str) -> list[float]:
         values = [r.machine.get(key) for r in runs]
         return [float(v) for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
 
-    # a GPU case's host work is one Python thread per rank: the one-core loop; a CPU case uses
-    # every core (threads per rank x ranks): the all-cores loop, where a CPU quota shows, if it
-    # moved more than the one-core loop
-    # (and so does a loader case's DataLoader workers: measured on the H200, a loader case moved
-    # 2.36x between two hosts whose one-core loop differed 1.91x): the larger of the two there
+    keys = ["python_ops_per_s"]
+    if new.config.get("device") == "cpu" or new.config.get("inputs") == "loader":
+        keys.append("parallel_ops_per_s")
     found = []
-    for key in ("python_ops_per_s", "parallel_ops_per_s"):
+    for key in keys:
         new_ops, old_ops = ops(new.evidence, key), ops(old.evidence, key)
         if new_ops and old_ops:
             here, there = statistics.median(new_ops), statistics.median(old_ops)
             found.append(MachineDiff(there / here, here, there, len(old_ops), key == "parallel_ops_per_s"))
-    if not found:
-        return None
-    if new.config.get("device") == "cpu" or new.config.get("inputs") == "loader":
-        return max(found, key=lambda d: abs(math.log(d.factor)))
-    return found[0] if not found[0].all_cores else None
+    return max(found, key=lambda d: abs(math.log(d.factor)), default=None)
 
 
 @dataclass(frozen=True)
@@ -285,18 +291,15 @@ def _examine(
     needed = max(thr.step, thr.k_spread * step.spread)
     slower, faster, suspect = _step_findings(step, needed, thr)
     machine = machine_diff(new, old)
+    if machine is not None and not machine.differs:
+        machine = None  # the same speed as far as the probe can tell: nothing to say
     machine_moved = False
-    if machine is not None and machine.differs:
-        # judge the machine's direction on steps divided by the whole host factor (what a fully
-        # host-bound case would do), the other direction as measured: a slower machine can
-        # hide no speed-up and a faster one no slowdown, and a change beyond the machine's
-        # reach is still a change
-        # the factor is known to the probe's own noise: give the machine the benefit of it
-        reach = (
-            machine.factor * (1 + PROBE_NOISE) if machine.factor > 1 else machine.factor / (1 + PROBE_NOISE)
-        )
+    if machine is not None:
+        # judge the machine's direction on steps divided by its reach (what a fully host-bound
+        # case would do), the other direction as measured: a slower machine hides no speed-up
+        # and a faster one no slowdown, and a change beyond the machine's reach is still one
         adjusted = run_shift(
-            [m / reach for m in new.medians()], old.medians(), relative=True,
+            [m / machine.reach for m in new.medians()], old.medians(), relative=True,
             prior_spread=thr.prior_spread, min_spread=thr.min_spread, young=young,
         )  # fmt: skip
         a_slower, a_faster, _ = _step_findings(adjusted, needed, thr)
@@ -310,8 +313,6 @@ def _examine(
                 suspect and step.change > 0
             )
         machine_moved = raw_beyond and not (slower or faster or suspect)
-    elif machine is not None:
-        machine = None  # the same speed as far as the probe can tell: nothing to say
     eff = None
     needed_eff = None
     eff_worse = False
@@ -467,10 +468,9 @@ def story(
             "with these runs: not judged"
         )
     if found.machine is not None:
-        reach = found.machine.factor - 1
         parts.append(
             found.machine.describe()
-            + f"; a host-bound step moves up to {_pct(reach)} with it"
+            + f"; a host-bound step may move up to {_pct(found.machine.reach - 1)} with it"
             + (": the step moved with the machine, not judged a change" if found.machine_moved else "")
         )
     if verdict.status is Status.OK and found.needed > thr.step * 1.01:

@@ -47,6 +47,11 @@ def peak_tflops(device_name: str, precision: str, override: float | None = None)
     return None
 
 
+def counted(key: tuple[str, int, str, str]) -> float | None:
+    """The count this process already made for ``key``, if any."""
+    return _COUNTED.get(key)
+
+
 def count_step_flops(
     key: tuple[str, int, str, str],
     model: nn.Module,

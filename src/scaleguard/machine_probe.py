@@ -21,6 +21,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -121,13 +122,22 @@ class MachineSpeed:
         )
 
 
-def run_probe(timeout_s: float = 60.0, rounds: int = 2) -> MachineSpeed | None:
+def run_probe(timeout_s: float = 30.0, rounds: int = 2) -> MachineSpeed | None:
     """Measure this machine; None when the probe cannot run (it is a diagnosis, never a gate).
 
     ``rounds`` probes, each kernel's best kept: on a shared VM one probe in five read 10-25 %
     slow (a neighbour's burst spans a whole probe), which would make the machine look slower
     than it is and widen what the verdict forgives."""
-    speeds = [s for s in (_probe_once(timeout_s) for _ in range(rounds)) if s is not None]
+    # one deadline for all rounds: a probe that hangs (a worker that never reaches the barrier)
+    # costs the session timeout_s at most, not timeout_s per round
+    deadline = time.monotonic() + timeout_s
+    speeds = []
+    for _ in range(rounds):
+        left = deadline - time.monotonic()
+        speed = _probe_once(left) if left > 0 else None
+        if speed is None:
+            break
+        speeds.append(speed)
     if not speeds:
         return None
     return MachineSpeed(

@@ -238,15 +238,19 @@ def verdict_lines(verdicts: Sequence[Verdict]) -> list[str]:
             new.setdefault(reason, []).append(verdict.case_id)
         elif verdict.status is not Status.OK:
             lines.append(verdict.story)
-    moved = [v for v in verdicts if v.machine_moved and v.machine is not None and v.step is not None]
-    if moved:
-        changes = sorted(v.step.change for v in moved if v.step is not None)
-        machine = moved[0].machine
+    # one line per probe the cases were judged by (one core for GPU cases, all cores for CPU)
+    moved: dict[bool, list[Verdict]] = {}
+    for v in verdicts:
+        if v.machine_moved and v.machine is not None and v.step is not None:
+            moved.setdefault(v.machine.all_cores, []).append(v)
+    for group in moved.values():
+        changes = sorted(v.step.change for v in group if v.step is not None)
+        machine = group[0].machine
         assert machine is not None
         lines.append(
-            f"scaleguard: {machine.describe()}; {len(moved)} case{'s' if len(moved) != 1 else ''} moved "
-            f"{changes[0]:+.0%} to {changes[-1]:+.0%} with it (a host-bound step can move up to "
-            f"{machine.factor - 1:+.0%}): not judged changes of the workload"
+            f"scaleguard: {machine.describe()}; {len(group)} case{'s' if len(group) != 1 else ''} moved "
+            f"{changes[0]:+.0%} to {changes[-1]:+.0%} with it (a host-bound step may move up to "
+            f"{machine.reach - 1:+.0%}): not judged changes of the workload"
         )
     for reason, cases in new.items():
         if len(cases) == 1:

@@ -36,7 +36,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.collective import build_allreduce_step
 from scaleguard.env import cpu_model, runtime_versions
 from scaleguard.faults import FaultSpec
-from scaleguard.flops import count_step_flops
+from scaleguard.flops import count_step_flops, counted
 from scaleguard.models import Batch, synthetic_batches
 from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
 from scaleguard.steady import WarmupPolicy
@@ -279,21 +279,25 @@ def _step_flops(
     because a count on the rank's device is not free: its forward and backward leave large
     free blocks in the caching allocator, and cuDNN's autotune (``cudnn.benchmark``) only tries
     algorithms whose workspace fits the largest cached free block. Measured on the H200: with an
-    on-device count before the first step, the DDP fp32 ResNet-50 cases picked workspace-hungry
-    algorithms (peak 22.1 -> 28.4 GB, bs-64 29.1 -> 24.5 ms) — a measurement of our count, not of
-    what a user's loop runs — and the counts' own autotune of NCHW shapes cost ~160 s a night.
-    A workload that cannot build or run on meta is counted on the device instead (its own
-    batch, RNG restored, eval mode, gradients dropped), and the cached blocks are given back."""
+    on-device count before the first step, ``resnet50_cifar-ddp-ws1-fp32-strong`` picked
+    workspace-hungry algorithms (peak 1.3 -> 11.0 GB, step 29.0 -> 15.8 ms) — a measurement of our
+    count, not of what a user's loop runs — and the counts' own autotune of NCHW shapes cost
+    ~160 s a night. A workload that cannot build or run on meta is counted on the device instead
+    (its own batch, RNG restored, eval mode, gradients dropped), and the cached blocks are given
+    back. Nothing is built when this process has counted the key already (a pooled rank)."""
     formula = workload.flops_per_sample()
     if formula:
         return formula * spec.per_rank_batch
+    key = (spec.workload or spec.model, spec.per_rank_batch, spec.precision, device.type)
+    known = counted(key)
+    if known is not None:
+        return known
     try:
         batch = workload.synthetic_batch(
             spec.per_rank_batch, torch.Generator().manual_seed(spec.settings.seed)
         )
     except NotImplementedError:
         return 0.0  # a loader-only workload without synthetic batches: no count, no MFU
-    key = (spec.workload or spec.model, spec.per_rank_batch, spec.precision, device.type)
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         try:
             meta_batch = tuple(t.to("meta") for t in batch)
@@ -307,7 +311,7 @@ def _step_flops(
             )
         finally:
             model.train()
-            model.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)  # also when the count raised half-way
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 

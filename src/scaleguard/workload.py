@@ -79,7 +79,11 @@ class Workload:
         return self.message_bytes > 0
 
     def build(self) -> nn.Module:
-        """The model, on the host; the harness moves it to the rank's device and wraps it."""
+        """The model, on the host; the harness moves it to the rank's device and wraps it.
+
+        Also called once under ``torch.device("meta")`` to count FLOPs without memory: keep it
+        free of side effects; a build that needs real values there (``.item()``, a checkpoint)
+        is counted on the device instead."""
         raise NotImplementedError(f"workload {self.name}: build() is not implemented")
 
     def synthetic_batch(self, batch: int, generator: torch.Generator) -> Batch:

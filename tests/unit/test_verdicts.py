@@ -264,7 +264,9 @@ def test_the_session_says_once_that_cases_moved_with_the_machine() -> None:
     lines = verdict_lines(verdicts)
     (line,) = [x for x in lines if "moved" in x]
     assert "runs the probe 50% slower than the baseline's" in line
-    assert re.search(r"2 cases moved \+3\d% to \+7\d% with it", line) and "up to +100%" in line
+    assert (
+        re.search(r"2 cases moved \+3\d% to \+7\d% with it", line) and "up to +120%" in line
+    )  # 2x, widened by the probe noise
 
 
 def test_a_cpu_case_is_judged_by_the_all_cores_probe_a_gpu_case_by_the_one_core_probe() -> None:

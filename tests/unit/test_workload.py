@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scaleguard.case import CaseSpec
 from scaleguard.env import GpuInventory
 from scaleguard.evidence import config_of
 from scaleguard.flops import _COUNTED, count_step_flops, peak_tflops
@@ -96,7 +97,7 @@ def test_a_workload_must_be_usable_before_any_rank_starts() -> None:
         Registry().get("nope")
 
 
-def _cpu_spec(model: str) -> object:
+def _cpu_spec(model: str) -> CaseSpec:
     (case,) = [
         p.spec
         for p in plan(
@@ -165,3 +166,25 @@ def test_a_workload_that_cannot_run_on_meta_is_counted_on_its_device() -> None:
     # forward 2·B·16·4, backward the weight gradient only (the input needs none)
     assert flops == 2 * spec.per_rank_batch * 16 * 4 * 2
     assert model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_a_pooled_rank_counts_a_key_once_and_builds_nothing_the_second_time() -> None:
+    from scaleguard.worker import _step_flops
+
+    spec = _cpu_spec("resnet18_cifar")
+    workload = BUILTINS["resnet18_cifar"]
+    _COUNTED.clear()
+    first = _step_flops(workload, spec, workload.build(), torch.device("cpu"), contextlib.nullcontext)
+
+    import copy
+
+    def refuse(*args: object) -> object:
+        raise AssertionError("built again (model or batch) for a key already counted")
+
+    counted_already = copy.copy(workload)
+    counted_already.build = refuse  # type: ignore[method-assign]
+    counted_already.synthetic_batch = refuse  # type: ignore[method-assign]
+    again = _step_flops(
+        counted_already, spec, torch.nn.Linear(1, 1), torch.device("cpu"), contextlib.nullcontext
+    )
+    assert again == first > 0
