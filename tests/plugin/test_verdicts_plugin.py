@@ -88,7 +88,16 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
         ["*2 confirm runs and 2 of transformer_tiny-ddp-ws1-fp32-strong, its efficiency's reference*"]
     )
     (ws1_entry,) = after["cases"]["transformer_tiny-ddp-ws1-fp32-strong"].values()
-    assert len(ws1_entry["runs"]) == 5
+    (ws1_before,) = before["cases"]["transformer_tiny-ddp-ws1-fp32-strong"].values()
+    kept = [r["run_id"] for r in ws1_entry["runs"]][:2]
+    assert kept == [r["run_id"] for r in ws1_before["runs"]]
+    # on a loaded 2-core CI machine ws1 may buy confirm runs of its own (or lose a run to the
+    # load check); its extra runs are then on the output, and only then may it hold more
+    ws1_own = re.findall(r"ws1-fp32-strong: \w+ so far; (\d) confirm runs", out)
+    quarantined = out.count("ws1-fp32-strong: run quarantined")
+    new_runs = len(ws1_entry["runs"]) - 2
+    assert new_runs >= 3 - quarantined, ws1_entry["runs"]
+    assert new_runs <= 3 + sum(int(n) for n in ws1_own) + quarantined, out
     assert path.stat().st_mode & 0o777 == 0o644
 
 
