@@ -8,6 +8,11 @@ build is never guessed. The bad end is probed first, so a regression that does n
 "not found" before any build in between is spent. As TorchBench's ``bisection.py`` and
 ``asv find`` do, only ``log2(n)`` builds are measured.
 
+``--wheels DIR`` instead of interpreters: the torch wheels of a local directory, ordered by
+version (nightlies are ``devYYYYMMDD``), each installed when the search first needs it into a
+throwaway virtual environment (nothing downloaded; only the ``log2(n)`` probed builds and the
+good end are installed).
+
 Exit 0: found; 1: not found or undecidable; 2: bad input.
 """
 
@@ -58,51 +63,180 @@ def probe_build(good: str, build: str, pytest_args: list[str], index: int, work:
     return Probe(index, status, stories)
 
 
-def main(builds: list[str], pytest_args: list[str], out: Callable[[str], None] = print) -> int:
-    """Binary search over ``builds`` (interpreters, good first, bad last)."""
-    say = out
+class BisectInputError(ValueError):
+    """Builds that cannot be bisected (named): exit 2."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """One build as the user named it: an interpreter, or a wheel to install."""
+
+    given: str  # printed as given (`first bad: <given>`)
+    wheel: Path | None = None
+    version: str | None = None  # from the wheel's file name
+
+
+def wheel_builds(directory: Path) -> list[Build]:
+    """The torch wheels of ``directory``, oldest first by version (``2.15.0.dev20261101`` <
+    ``2.15.0.dev20261102`` < ``2.15.0``), as nightly builds are named.
+
+    Raises:
+        BisectInputError: no directory, fewer than two torch wheels for this interpreter, a
+            wheel name that does not parse, or two wheels of one version.
+    """
+    from packaging.tags import sys_tags
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    if not directory.is_dir():
+        raise BisectInputError(f"--wheels {directory} is not a directory")
+    supported = set(sys_tags())
+    found: dict[object, Build] = {}
+    skipped = []
+    for path in sorted(directory.glob("*.whl")):
+        try:
+            name, version, _, tags = parse_wheel_filename(path.name)
+        except InvalidWheelFilename as exc:
+            raise BisectInputError(f"--wheels {directory}: {path.name} is not a wheel name: {exc}") from None
+        if name != "torch":
+            continue
+        if not tags & supported:
+            skipped.append(path.name)
+            continue
+        if version in found:
+            raise BisectInputError(
+                f"--wheels {directory}: {found[version].given} and {path} are both torch {version}"
+            )
+        found[version] = Build(str(path), path, str(version))
+    builds = [found[v] for v in sorted(found)]  # type: ignore[type-var]
     if len(builds) < 2:
+        also = f" ({', '.join(skipped)}: not for this Python/platform)" if skipped else ""
+        raise BisectInputError(
+            f"--wheels {directory}: {len(builds)} torch wheel(s) for this interpreter{also}; "
+            "a bisection needs the good and the bad build at least"
+        )
+    return builds
+
+
+class Interpreters:
+    """Each build's interpreter, made when the search first needs it: a wheel is installed
+    into a throwaway virtual environment under ``work`` (nothing downloaded) that sees this
+    environment's packages (scaleguard, pytest, numpy, CUDA libraries) behind its own torch."""
+
+    def __init__(self, builds: list[Build], work: Path, say: Callable[[str], None]) -> None:
+        self.builds = builds
+        self.work = work
+        self.say = say
+        self._sides: dict[int, ab.Side] = {}
+
+    def side(self, index: int) -> ab.Side:
+        if index not in self._sides:
+            build = self.builds[index]
+            python = build.given if build.wheel is None else self._install(index, build.wheel)
+            try:
+                side = ab.probe(f"build {index}", python)
+            except ab.ABInputError as exc:
+                raise BisectInputError(str(exc)) from None
+            self._sides[index] = side
+            self.say(f"build {index}: {build.given} -> {side.interpreter.python} ({describe(side)})")
+        return self._sides[index]
+
+    def _install(self, index: int, wheel: Path) -> str:
+        import site
+        import time
+
+        venv = self.work / f"venv{index}"
+        started = time.monotonic()
+        steps = [
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+             "--ignore-installed", "--disable-pip-version-check", str(wheel)],
+        ]  # fmt: skip
+        for number, command in enumerate(steps):
+            if number == 1:
+                # this environment's packages, after the venv's own (its torch wins); addsitedir
+                # also reads their .pth files, so an editable scaleguard is found too
+                parents = [*site.getsitepackages(), site.getusersitepackages()]
+                lines = [f"import site; site.addsitedir({p!r})" for p in parents if Path(p).is_dir()]
+                (purelib(venv) / "_scaleguard_parent.pth").write_text("\n".join(lines) + "\n")
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise BisectInputError(f"build {index}: {wheel}: could not be installed: {exc}") from None
+            if done.returncode != 0:
+                tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+                raise BisectInputError(f"build {index}: {wheel}: could not be installed: {tail}")
+        self.say(f"build {index}: {wheel.name} installed into {venv} in {time.monotonic() - started:.0f} s")
+        return str(venv / "bin" / "python")
+
+
+def purelib(venv: Path) -> Path:
+    found = sorted((venv / "lib").glob("python*/site-packages"))
+    if not found:
+        raise BisectInputError(f"{venv}: no site-packages after `python -m venv`")
+    return found[0]
+
+
+def main(builds: list[str] | list[Build], pytest_args: list[str], out: Callable[[str], None] = print) -> int:
+    """Binary search over ``builds`` (interpreters or wheels, good first, bad last)."""
+    say = out
+    chosen = [b if isinstance(b, Build) else Build(b) for b in builds]
+    if len(chosen) < 2:
         say("scaleguard bisect: give at least the good and the bad interpreter, oldest first")
         return 2
-    try:
-        sides = [ab.probe(f"build {i}", b) for i, b in enumerate(builds)]
-    except ab.ABInputError as exc:
-        say(f"scaleguard bisect: {exc}")
-        return 2
-    for i, side in enumerate(sides):
-        say(f"build {i}: {builds[i]} -> {side.interpreter.python} ({_build(side)})")
-    good = sides[0].interpreter.python
-    lo, hi = 0, len(builds) - 1
     with tempfile.TemporaryDirectory(prefix="scaleguard-bisect-") as tmp:
         work = Path(tmp)
+        interpreters = Interpreters(chosen, work, say)
+        try:
+            if all(b.wheel is None for b in chosen):
+                for i in range(len(chosen)):  # interpreters cost nothing: every one checked now
+                    interpreters.side(i)
+            return _search(chosen, interpreters, pytest_args, work, say)
+        except BisectInputError as exc:
+            say(f"scaleguard bisect: {exc}")
+            return 2
 
-        def measure(index: int) -> Probe:
-            result = probe_build(good, sides[index].interpreter.python, pytest_args, index, work)
-            say(f"probe build {index} ({builds[index]}) against build 0: {result.status}")
-            for story in result.stories:
-                say(f"  {story}")
-            return result
 
-        last = measure(hi)
-        if last.status != "REGRESSED":
-            say(f"not found: the bad end ({builds[hi]}) reads {last.status} against the good end")
+def _search(
+    builds: list[Build],
+    interpreters: Interpreters,
+    pytest_args: list[str],
+    work: Path,
+    say: Callable[[str], None],
+) -> int:
+    lo, hi = 0, len(builds) - 1
+    good = interpreters.side(0).interpreter.python
+
+    def measure(index: int) -> Probe:
+        python = interpreters.side(index).interpreter.python
+        result = probe_build(good, python, pytest_args, index, work)
+        say(f"probe build {index} ({builds[index].given}) against build 0: {result.status}")
+        for story in result.stories:
+            say(f"  {story}")
+        return result
+
+    last = measure(hi)
+    if last.status != "REGRESSED":
+        say(f"not found: the bad end ({builds[hi].given}) reads {last.status} against the good end")
+        return 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        result = measure(mid)
+        if result.status == "REGRESSED":
+            hi = mid
+        elif result.status == "SAME":
+            lo = mid
+        else:
+            say(
+                f"undecidable: build {mid} ({builds[mid].given}) reads {result.status}; the first bad build "
+                f"is among builds {lo + 1}..{hi} ({builds[lo + 1].given} .. {builds[hi].given}): not guessed"
+            )
             return 1
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            result = measure(mid)
-            if result.status == "REGRESSED":
-                hi = mid
-            elif result.status == "SAME":
-                lo = mid
-            else:
-                say(
-                    f"undecidable: build {mid} ({builds[mid]}) reads {result.status}; the first bad build "
-                    f"is among builds {lo + 1}..{hi} ({builds[lo + 1]} .. {builds[hi]}): not guessed"
-                )
-                return 1
-    say(f"first bad: {builds[hi]} ({_build(sides[hi])}); last good: {builds[lo]} ({_build(sides[lo])})")
+    say(
+        f"first bad: {builds[hi].given} ({describe(interpreters.side(hi))}); "
+        f"last good: {builds[lo].given} ({describe(interpreters.side(lo))})"
+    )
     return 0
 
 
-def _build(side: ab.Side) -> str:
+def describe(side: ab.Side) -> str:
     return f"torch {side.versions.get('torch')}, git {side.versions.get('git') or '?'}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -19,6 +18,7 @@ from rich.console import Console
 from scaleguard import baseline, benchmark_io, report
 from scaleguard.baseline import BaselineError
 from scaleguard.compare import Status, Thresholds, Verdict, decide
+from scaleguard.config import ConfigError, PerfConfig
 from scaleguard.evidence import CaseEvidence
 from scaleguard.history import HistoryError
 from scaleguard.records import FileFormatError
@@ -65,12 +65,22 @@ def judge_all(
     return rows
 
 
-def thresholds_from(args: argparse.Namespace, device: str) -> Thresholds:
-    values = {name: getattr(args, f"threshold_{name}", None) for name in ("step", "efficiency", "memory")}
+def config_from(args: argparse.Namespace) -> PerfConfig:
+    """The suite's configuration from this command's arguments (``--threshold-step`` is
+    ``--perf-threshold-step`` here), read by the suite's one reader."""
+
+    def text(name: str) -> str | None:
+        value = getattr(args, name.replace("-", "_"), None)
+        return None if value is None else str(value)
+
     try:
-        return replace(Thresholds.for_device(device), **{k: v for k, v in values.items() if v is not None})
-    except ValueError as exc:
+        return PerfConfig.read(text, lambda name: bool(getattr(args, name.replace("-", "_"), False)))
+    except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
+
+
+def thresholds_from(args: argparse.Namespace, device: str) -> Thresholds:
+    return config_from(args).thresholds.for_device(device)
 
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -132,6 +142,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from scaleguard import torchrun_entry
     from scaleguard.ledger import BaselineContext, Ledger
 
+    config = config_from(args)  # thresholds checked before any record is read
     if args.hardware_key is not None:
         baseline.check_key(args.hardware_key, "--hardware-key")
     results = [torchrun_entry.read_finished_record(path) for path in args.files]
@@ -161,7 +172,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         hardware_key=hardware_key,
         hardware={"device": first.spec.device, "gpu_name": first.device_name, "source": "torchrun"},
         torch_pick=args.baseline_torch,
-        thresholds=thresholds_from(args, first.spec.device),
+        thresholds=config.thresholds.for_device(first.spec.device),
         commit=baseline.git_commit(Path.cwd()),
     )
     ledger = Ledger(f"ingest-{first.run_id}", ctx)
@@ -330,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (cmp, ing):
         for name in ("step", "efficiency", "memory"):
             command.add_argument(
-                f"--threshold-{name}", type=float, help="default: the suite's for the runs' device (README)"
+                f"--threshold-{name}", help="default: the suite's for the runs' device (README)"
             )
     abp = sub.add_parser(
         "ab",
@@ -361,7 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bisect",
         help="first bad torch build: PY_GOOD PY_2 ... PY_BAD -- perf/ -k CASE (paired A/B at each probe)",
     )
-    bis.add_argument("builds", nargs="+", help="interpreters (paths or commands on PATH), oldest good first")
+    bis.add_argument(
+        "builds",
+        nargs="+",
+        help="interpreters (paths or commands on PATH), oldest good first; or --wheels DIR: the torch "
+        "wheels of DIR by version, each installed into a throwaway venv when probed",
+    )
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     key.add_argument(
@@ -379,11 +395,19 @@ def main(argv: list[str] | None = None) -> int:
         if "--" in builds:
             at = builds.index("--")
             builds, pytest_args = builds[:at], builds[at + 1 :]
-        if not builds or any(b.startswith("-") for b in builds):
-            print("scaleguard bisect: usage: scaleguard bisect PY_GOOD [PY ...] PY_BAD -- perf/ -k CASE",
+        chosen: list[str] | list[bisect.Build] = builds
+        if len(builds) == 2 and builds[0] == "--wheels":
+            try:
+                chosen = bisect.wheel_builds(Path(builds[1]))
+            except bisect.BisectInputError as exc:
+                print(f"scaleguard bisect: {exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+        elif not builds or any(b.startswith("-") for b in builds):
+            print("scaleguard bisect: usage: scaleguard bisect PY_GOOD [PY ...] PY_BAD -- perf/ -k CASE\n"
+                  "                   or: scaleguard bisect --wheels DIR -- perf/ -k CASE",
                   file=sys.stderr)  # fmt: skip
             return EXIT_BAD_INPUT
-        return bisect.main(builds, pytest_args or ["perf/"])
+        return bisect.main(chosen, pytest_args or ["perf/"])
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command != "ab":
         build_parser().parse_args(argv)  # the usual error for unknown arguments

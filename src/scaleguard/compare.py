@@ -166,6 +166,40 @@ def thresholds_for(case_id: str, default: Thresholds, per_case: Sequence[str | C
     return chosen
 
 
+@dataclass(frozen=True)
+class ThresholdSettings:
+    """What the user set about thresholds, parsed once: values for every case (``None``: the
+    device's default) and per-case rules. The device is not known when options are read, so
+    the thresholds themselves are resolved per device (and per case) from this."""
+
+    NAMES = USER_THRESHOLDS
+
+    step: float | None = None
+    efficiency: float | None = None
+    memory: float | None = None
+    per_case: tuple[CaseRule, ...] = ()
+
+    @classmethod
+    def parse(cls, texts: dict[str, str | None], case_lines: Sequence[str] = ()) -> ThresholdSettings:
+        """``{"step": "0.05", ...}`` as the user wrote them, and ``perf_case_thresholds`` lines.
+
+        Raises:
+            ValueError: a value that is not a number in its bounds, or a rule line that would
+                be ignored (named).
+        """
+        values = {name: parse_threshold(name, text) for name, text in texts.items() if text is not None}
+        return cls(**values, per_case=parse_case_rules(case_lines))
+
+    def for_device(self, device: str, paired: bool = False) -> Thresholds:
+        """The thresholds every case of this device starts from (paired A/B has its own)."""
+        base = Thresholds.for_ab(device) if paired else Thresholds.for_device(device)
+        values = {name: getattr(self, name) for name in USER_THRESHOLDS if getattr(self, name) is not None}
+        return replace(base, **values)
+
+    def for_case(self, case_id: str, device: str, paired: bool = False) -> Thresholds:
+        return thresholds_for(case_id, self.for_device(device, paired), self.per_case)
+
+
 # The probe's own spread on one machine (best of 2 probes, each kernel's best of several): over
 # 10 sessions on one 2-core VM the one-core loop spanned 7.6 % and the all-cores loop 9.7 %
 # (README, "How fast is this machine"). Machines closer than this are the same speed as far as

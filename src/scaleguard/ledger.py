@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 from scaleguard import baseline
 from scaleguard.baseline import BaselineFile
 from scaleguard.case import CaseSpec
-from scaleguard.compare import Status, Thresholds, Verdict, decide, thresholds_for
+from scaleguard.compare import CaseRule, Status, Thresholds, Verdict, decide, thresholds_for
 from scaleguard.evidence import CaseEvidence, RunRecord, config_of
 from scaleguard.records import RunResult
 
@@ -33,7 +34,7 @@ class BaselineContext:
     hardware: dict[str, Any]
     torch_pick: str | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
-    per_case: list[str] = field(default_factory=list)
+    per_case: Sequence[str | CaseRule] = ()
     commit: str | None = None
     keep_runs: int = baseline.DEFAULT_KEEP_RUNS
     accept: tuple[str, ...] = ()  # case-id globs the user accepts whatever their verdict

@@ -67,3 +67,82 @@ def test_bisect_bad_input_is_exit_2(suite: pytest.Pytester, tmp_path: Path) -> N
         done = subprocess.run([sys.executable, "-m", "scaleguard.cli", "bisect", *args],
                               cwd=suite.path, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert done.returncode == 2 and needle in done.stdout + done.stderr
+
+
+def fake_wheel(directory: Path, version: str, slow: bool, tag: str = "py3-none-any") -> Path:
+    """A wheel named torch that holds no torch package: the venv's ``import torch`` finds this
+    environment's torch behind it; a slow one carries the slowdown as a ``.pth`` import."""
+    import zipfile
+
+    path = directory / f"torch-{version}-{tag}.whl"
+    info = f"torch-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: scaleguard-tests\nRoot-Is-Purelib: true\nTag: {tag}\n",
+    }
+    if slow:
+        files["_scaleguard_slow.py"] = SLOW
+        files["_scaleguard_slow.pth"] = "import _scaleguard_slow\n"
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return path
+
+
+def test_bisect_over_a_wheel_directory_orders_by_version_and_installs_only_what_it_probes(
+    suite: pytest.Pytester, tmp_path: Path, process_tag: str
+) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    # by file name the release sorts first ('-' < '.'); by version it is the newest
+    fake_wheel(wheels, "2.15.0", slow=True)
+    fake_wheel(wheels, "2.15.0.dev20261101", slow=False)
+    fake_wheel(wheels, "2.15.0.dev20261102", slow=True)
+    fake_wheel(wheels, "2.15.0.dev20261103", slow=True)
+    fake_wheel(wheels, "2.15.0.dev20261104", slow=True, tag="cp27-cp27m-win32")  # not for here: skipped
+    (wheels / "torchvision-0.30.0-py3-none-any.whl").write_bytes(b"")  # not torch: ignored
+    done = subprocess.run(
+        [sys.executable, "-m", "scaleguard.cli", "bisect", "--wheels", str(wheels), "--", "test_train_step.py",
+         "--perf-models", "transformer_tiny", "--perf-modes", "single", "--perf-scaling", "strong",
+         "--perf-steps", "10", "--perf-warmup", "3", "--perf-no-load-check", "--perf-ab-pairs", "6", "--perf-threshold-step", "0.6"],
+        cwd=suite.path, capture_output=True, text=True, timeout=840,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
+    assert f"first bad: {wheels / 'torch-2.15.0.dev20261102-py3-none-any.whl'}" in out, out
+    probes = [line for line in out.splitlines() if line.startswith("probe build")]
+    # builds: 0 dev1101, 1 dev1102, 2 dev1103, 3 the release; the bad end first, then halves
+    assert [p.split()[2] for p in probes] == ["3", "1"], probes
+    installed = [line for line in out.splitlines() if " installed into " in line]
+    assert [line.split()[2] for line in installed] == [
+        "torch-2.15.0.dev20261101-py3-none-any.whl",
+        "torch-2.15.0-py3-none-any.whl",
+        "torch-2.15.0.dev20261102-py3-none-any.whl",
+    ], installed  # build 2 (dev1103) is never needed, never installed
+
+
+def test_bisect_wheel_directory_bad_input_is_exit_2(suite: pytest.Pytester, tmp_path: Path) -> None:
+    one = tmp_path / "one"
+    one.mkdir()
+    fake_wheel(one, "2.15.0", slow=False)
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    fake_wheel(twice, "2.15.0", slow=False)
+    fake_wheel(twice, "2.15.0", slow=False, tag="py311-none-any")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    fake_wheel(broken, "2.14.0", slow=False)
+    (broken / "torch-2.15.0-py3-none-any.whl").write_bytes(b"not a zip file")
+    for directory, needle in (
+        (tmp_path / "nope", "is not a directory"),
+        (one, "1 torch wheel(s) for this interpreter"),
+        (twice, "are both torch 2.15.0"),
+        (broken, "torch-2.15.0-py3-none-any.whl: could not be installed"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "scaleguard.cli", "bisect", "--wheels", str(directory), "--", "test_train_step.py"],
+            cwd=suite.path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 2 and needle in done.stdout + done.stderr, done.stdout + done.stderr
+        assert "Traceback" not in done.stdout + done.stderr

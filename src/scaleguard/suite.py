@@ -1,0 +1,296 @@
+"""One pytest session's objects, wired from its ``PerfConfig``: the planned cases, this
+hardware's baseline, the scheduler and its ledger, the rank pools, the paired A/B session and
+the history. The pytest hooks (``plugin.py``) only ask this object, as pytest-benchmark's plugin
+hands everything to its ``BenchmarkSession``; everything here raises ``ConfigError`` for a
+problem the user can fix, which the plugin turns into a usage error.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from scaleguard.case import CaseSpec
+from scaleguard.config import ConfigError, PerfConfig
+
+if TYPE_CHECKING:
+    from scaleguard.ab import ABSession, Side
+    from scaleguard.compare import Thresholds
+    from scaleguard.evidence import CaseEvidence
+    from scaleguard.launcher import Pools
+    from scaleguard.ledger import BaselineContext, Ledger
+    from scaleguard.matrix import PlannedCase
+    from scaleguard.session import PerfSession, Schedule
+
+
+class Suite:
+    """Built lazily: a ``pytest --help`` or a session that selects no perf case plans nothing,
+    probes no interpreter and opens no baseline."""
+
+    def __init__(self, config: PerfConfig, rootpath: Path, progress: Callable[[str], None]) -> None:
+        self.config = config
+        self.rootpath = rootpath
+        self.progress = progress  # one "scaleguard: ..." line on the terminal
+        self.started = time.monotonic()  # the suite's wall time, for the summary
+        self.selected: tuple[CaseSpec, ...] = ()  # the perf cases this session runs, in order
+        self.session: PerfSession | None = None
+        self.ab: ABSession | None = None
+        self.pools: Pools | None = None
+        self.run_root: Path | None = None  # rank files of every run; removed at the end
+        self._planned: list[PlannedCase] | None = None
+        self._baselines: BaselineContext | None = None
+        self._ab_sides: tuple[Side, Side] | None = None
+
+    # -- what runs ---------------------------------------------------------------------------
+
+    def planned(self) -> list[PlannedCase]:
+        if self._planned is None:
+            import os
+
+            from scaleguard.env import gpu_inventory
+            from scaleguard.matrix import plan
+
+            try:
+                self._planned = plan(self.config.matrix, gpu_inventory(), os.cpu_count() or 1)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+        return self._planned
+
+    @property
+    def planned_yet(self) -> bool:
+        return self._planned is not None
+
+    @property
+    def device(self) -> str:
+        planned = self.planned()
+        return planned[0].spec.device if planned else "cpu"
+
+    def thresholds(self, paired: bool = False) -> Thresholds:
+        return self.config.thresholds.for_device(self.device, paired)
+
+    def timeout_s(self) -> float:
+        if self.config.timeout_s is not None:
+            return self.config.timeout_s
+        return 900.0 if self.device == "cuda" else 300.0
+
+    def schedule(self) -> Schedule:
+        from scaleguard.session import Schedule
+
+        device = self.device
+        confirm = self.config.confirm
+        return Schedule.for_device(
+            device,
+            repeats=self.config.repeats,
+            confirm=Schedule.for_device(device).confirm if confirm is None else confirm,
+            anatomy_on_every_run=self.config.update_baselines,
+        )
+
+    def foreign_limit(self) -> float | None:
+        """Cores of foreign load that disturb a run; None when the check is off."""
+        if not self.config.load_check:
+            return None
+        if self.config.foreign_limit is None:
+            from scaleguard.foreign_load import DEFAULT_LIMIT_CORES
+
+            return DEFAULT_LIMIT_CORES
+        return self.config.foreign_limit
+
+    def hardware_key(self) -> str:
+        from scaleguard.baseline import host_hardware_key
+        from scaleguard.env import host_fingerprint
+
+        spec = self.planned()[0].spec
+        return host_hardware_key(host_fingerprint(), spec.device, spec.settings.threads_per_rank)
+
+    # -- what it is judged against -----------------------------------------------------------
+
+    def baseline_context(self) -> BaselineContext:
+        """This hardware's baseline, loaded once; a broken file, a missing directory or an
+        unwritable one stops the session with the reason, before any case runs."""
+        if self._baselines is not None:
+            return self._baselines
+        from scaleguard import baseline
+        from scaleguard.env import host_fingerprint
+        from scaleguard.ledger import BaselineContext
+
+        config = self.config
+        spec = self.planned()[0].spec
+        host = host_fingerprint()
+        key = baseline.host_hardware_key(host, spec.device, spec.settings.threads_per_rank)
+        given = config.baselines
+        directory = given if given is not None else self.rootpath / "baselines"
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"--perf-baselines {directory} is a file, not a directory")
+        if not directory.exists() and not config.update_baselines and not config.paired:
+            # (a paired A/B session judges B against A, never against a baseline)
+            raise ConfigError(
+                f"{'--perf-baselines ' if given else 'the baselines directory '}{directory} "
+                "does not exist; every case would be NEW and nothing judged. Check the path (or pass "
+                "--perf-baselines DIR), or add --perf-update-baselines to create it."
+            )
+        path = directory / f"{key}.json"
+        try:
+            if config.update_baselines:
+                baseline.check_writable(directory)
+                baseline.check_lock(path)
+            loaded = baseline.load(path)
+            baseline.check_matches(loaded, key, config.baseline_torch, "--perf-baseline-torch")
+        except baseline.BaselineError as exc:
+            raise ConfigError(str(exc)) from exc
+        self._baselines = BaselineContext(
+            path=path,
+            file=loaded,
+            hardware_key=key,
+            hardware={
+                "device": spec.device,
+                "gpu_name": host.gpu_name,
+                "gpu_count": host.gpu_count,
+                "cpu_model": host.cpu_model,
+                "threads_per_rank": spec.settings.threads_per_rank,
+                "backend": "nccl" if spec.device == "cuda" else "gloo",
+            },
+            torch_pick=config.baseline_torch,
+            thresholds=self.thresholds(),
+            per_case=config.thresholds.per_case,
+            commit=baseline.git_commit(self.rootpath),
+            keep_runs=config.keep_runs or baseline.DEFAULT_KEEP_RUNS,
+            accept=config.accept,
+            accept_reason=config.accept_reason,
+        )
+        return self._baselines
+
+    # -- the schedulers ----------------------------------------------------------------------
+
+    def perf_session(self) -> PerfSession:
+        """The session's scheduler and ledger, made by the first perf case; the machine probe
+        runs before it, so every run of the session carries how fast this machine is."""
+        if self.session is None:
+            from scaleguard import foreign_load, runner
+            from scaleguard.launcher import Pools
+            from scaleguard.ledger import Ledger
+            from scaleguard.machine_probe import run_probe
+            from scaleguard.report import machine_line
+            from scaleguard.session import PerfSession
+
+            limit = self.foreign_limit()
+
+            def wait_quiet(seconds: float) -> None:
+                if limit is not None:
+                    foreign_load.wait_quiet(limit, seconds)
+
+            self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+            self.pools = Pools(self.run_root / "pools", isolate=self.config.isolate)
+            self.session = PerfSession(
+                Ledger(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}", self.baseline_context()),
+                self.run_root,
+                self.timeout_s(),
+                self.schedule(),
+                run=functools.partial(runner.run_once, foreign_limit_cores=limit, pools=self.pools),
+                on_run=self.progress,
+                wait_quiet=wait_quiet,
+            )
+            speed = run_probe()
+            if speed is not None:
+                self.session.ledger.machine = speed.to_dict()
+            self.progress(machine_line(speed, self.baseline_context().file))
+        return self.session
+
+    def ab_sides(self) -> tuple[Side, Side] | None:
+        """The two probed sides of a paired A/B session; None when A/B is off."""
+        if not self.config.paired:
+            return None
+        if self._ab_sides is None:
+            import sys
+
+            from scaleguard import ab
+
+            try:
+                self._ab_sides = (
+                    ab.probe("A", self.config.ab_a or sys.executable, list(self.config.ab_env_a)),
+                    ab.probe("B", str(self.config.ab_b), list(self.config.ab_env_b)),
+                )
+            except ab.ABInputError as exc:
+                raise ConfigError(str(exc)) from None
+        return self._ab_sides
+
+    def ab_session(self) -> ABSession | None:
+        """The paired A/B scheduler, made once (when --perf-ab-b is given)."""
+        sides = self.ab_sides()
+        if sides is None:
+            return None
+        if self.ab is None:
+            from scaleguard import ab, runner
+
+            device = self.device
+            settings = self.config.thresholds
+            self.run_root = self.run_root or Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+            self.ab = ab.ABSession(
+                sides[0],
+                sides[1],
+                self.run_root,
+                self.timeout_s(),
+                lambda case_id: settings.for_case(case_id, device, paired=True),
+                ab.ABSchedule.for_device(device, self.config.ab_pairs),
+                run=functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit()),
+                on_run=self.progress,
+            )
+        return self.ab
+
+    # -- what is kept ------------------------------------------------------------------------
+
+    def keep_trace(self, evidence: CaseEvidence) -> Path | None:
+        """Copy the last run's Chrome trace out of the run directory (removed at the end) into
+        ``--perf-trace-dir``; the path, or None when the run has none."""
+        traces = [r.anatomy.trace for r in evidence.runs if r.anatomy and r.anatomy.trace]
+        if not traces or not Path(traces[-1]).is_file():
+            return None
+        directory = self.config.trace_dir or self.rootpath / ".scaleguard" / "traces"
+        target = directory / f"{evidence.case_id}.{evidence.runs[-1].run_id}.trace.json"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(traces[-1], target)
+        except OSError as exc:  # a trace is a help, not the verdict: say why it is missing
+            return Path(f"(not kept: {exc})")
+        return target
+
+    def history_path(self) -> Path | None:
+        if not self.config.record_history:
+            return None
+        return self.config.history or self.rootpath / ".scaleguard" / "history.sqlite"
+
+    def append_history(self, ledgers: dict[str, Ledger]) -> str | None:
+        """Every completed case's runs (quarantined ones flagged) into the history; a history
+        that cannot be written costs the history, never the session's results."""
+        path = self.history_path()
+        if path is None or not any(ledger.completed for ledger in ledgers.values()):
+            return None
+        from scaleguard.baseline import git_commit
+        from scaleguard.history import History, HistoryError
+
+        key = self.hardware_key()
+        added = 0
+        try:
+            with History(path) as history:
+                for source, ledger in ledgers.items():
+                    cases = [ledger.evidence(cid) for cid in ledger.completed]
+                    verdicts = {cid: str(getattr(v.status, "value", v.status))
+                                for cid, v in ledger.verdicts.items()}  # fmt: skip
+                    added += history.append(cases, key, source, verdicts, git_commit(self.rootpath))
+        except HistoryError as exc:
+            return f"scaleguard: history not updated: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the history costs the history, never the results
+            return f"scaleguard: history not updated ({type(exc).__name__}: {exc}); this is a scaleguard bug"
+        return f"scaleguard: history {path}: {added} runs appended"
+
+    def close(self) -> None:
+        """The idle pool's ranks (also after Ctrl-C between cases) and every run's files."""
+        if self.pools is not None:
+            self.pools.close()
+        if self.run_root is not None:
+            shutil.rmtree(self.run_root, ignore_errors=True)

@@ -1,0 +1,99 @@
+"""The one reader of a session's choices: ``PerfConfig.read``, used by the plugin and by
+``cli.py`` alike."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from scaleguard import cli
+from scaleguard.compare import ThresholdSettings, Thresholds
+from scaleguard.config import ConfigError, PerfConfig
+
+
+def read(texts: dict[str, str] | None = None, flags: tuple[str, ...] = (), **lines: list[str]) -> PerfConfig:
+    texts = texts or {}
+    return PerfConfig.read(
+        texts.get, lambda name: name in flags, lambda name: lines.get(name.replace("-", "_"), [])
+    )
+
+
+def test_nothing_given_is_the_default_and_the_config_is_frozen() -> None:
+    config = read()
+    assert config == PerfConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.repeats = 3  # type: ignore[misc]
+
+
+def test_every_kind_of_value_is_read_once_into_its_type() -> None:
+    config = read(
+        {
+            "world-sizes": "1,2",
+            "modes": "ddp,fsdp",
+            "steps": "20",
+            "repeats": "3",
+            "confirm": "0",
+            "timeout": "12.5",
+            "threshold-step": "0.05",
+            "peak-tflops": "989",
+            "baselines": "/tmp/b",
+            "accept-reason": "new cuDNN",
+            "ab-pairs": "0",
+        },
+        flags=("update-baselines", "no-load-check", "no-history"),
+        accept=["resnet50-*"],
+        case_thresholds=["resnet50-* step=0.08", ""],
+    )
+    assert config.matrix.world_sizes == (1, 2) and config.matrix.modes == ("ddp", "fsdp")
+    assert config.matrix.steps == 20 and config.repeats == 3 and config.confirm == 0
+    assert config.timeout_s == 12.5 and config.peak_tflops == 989.0
+    assert config.baselines == Path("/tmp/b") and config.accept == ("resnet50-*",)
+    assert not config.load_check and not config.record_history and config.ab_pairs is None
+    assert config.thresholds.step == 0.05 and config.thresholds.efficiency is None
+    # resolved per device only when the device is known; a case rule wins for its cases
+    assert config.thresholds.for_device("cuda").step == 0.05
+    assert config.thresholds.for_device("cpu").efficiency == Thresholds.for_device("cpu").efficiency
+    assert config.thresholds.for_case("resnet50-ddp-ws1-bf16-strong", "cuda").step == 0.08
+    assert config.thresholds.for_case("gpt2-ddp-ws1-bf16-strong", "cuda").step == 0.05
+    assert config.thresholds.for_device("cpu", paired=True).step == 0.05
+
+
+@pytest.mark.parametrize(
+    ("texts", "flags", "lines", "message"),
+    [
+        ({"steps": "0"}, (), {}, "--perf-steps takes an integer in [1, "),
+        ({"repeats": "x"}, (), {}, "--perf-repeats takes an integer in [1, 100]"),
+        ({"modes": "ddp,nope"}, (), {}, "nope"),
+        ({"world-sizes": "0"}, (), {}, "world size"),
+        ({"timeout": "inf"}, (), {}, "--perf-timeout must be finite, positive seconds"),
+        ({"peak-tflops": "-1"}, (), {}, "--perf-peak-tflops takes TFLOPS"),
+        ({"threshold-step": "nan"}, (), {}, "threshold step=nan must be a number in"),
+        ({"threshold-memory": "0.1 min_spread=1"}, (), {}, "is not a number"),
+        ({}, (), {"case_thresholds": ["step=0.1"]}, "has no case-id glob"),
+        ({}, ("update-baselines",), {"accept": ["x*"]}, "needs --perf-accept-reason"),
+        ({"accept-reason": "why"}, (), {"accept": ["x*"]}, "only has a meaning with --perf-update-baselines"),
+        ({}, ("update-baselines", "share-gpu"), {}, "--perf-share-gpu is a test mode"),
+        ({"ab-b": "/usr/bin/python3"}, ("update-baselines",), {}, "record baselines in a plain session"),
+        ({}, (), {"ab_env_b": ["1X=2"]}, "--perf-ab-env-b takes KEY=VALUE"),
+        ({"data-root": "/nonexistent"}, (), {}, "no CIFAR-10 there"),
+    ],
+)
+def test_an_unusable_value_is_one_error_naming_it(
+    texts: dict[str, str], flags: tuple[str, ...], lines: dict[str, list[str]], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        read(texts, flags, **lines)
+    assert message in str(caught.value)
+
+
+def test_the_cli_reads_its_thresholds_through_the_same_reader() -> None:
+    args = argparse.Namespace(threshold_step="0.05", threshold_efficiency=None, threshold_memory="0.2")
+    assert cli.config_from(args).thresholds == ThresholdSettings(step=0.05, memory=0.2)
+    assert cli.thresholds_from(args, "cpu") == read(
+        {"threshold-step": "0.05", "threshold-memory": "0.2"}
+    ).thresholds.for_device("cpu")
+    with pytest.raises(cli.UsageProblem, match="threshold step=2.0 must be a number in"):
+        cli.config_from(argparse.Namespace(threshold_step="2"))
