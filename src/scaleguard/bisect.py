@@ -19,6 +19,7 @@ Exit 0: found; 1: not found or undecidable; 2: bad input.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -146,11 +147,14 @@ class Interpreters:
 
         venv = self.work / f"venv{index}"
         started = time.monotonic()
-        steps = [
-            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-             "--ignore-installed", "--disable-pip-version-check", str(wheel)],
-        ]  # fmt: skip
+        python = str(venv / "bin" / "python")
+        pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--ignore-installed",
+               "--disable-pip-version-check", str(wheel)]  # fmt: skip
+        steps = [[sys.executable, "-m", "venv", "--without-pip", str(venv)], pip]
+        # no pip configuration: a config file or PIP_CONSTRAINT pinning torch (as CI machines
+        # have) must not veto the very build under test
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        environ["PIP_CONFIG_FILE"] = os.devnull
         for number, command in enumerate(steps):
             if number == 1:
                 # this environment's packages, after the venv's own (its torch wins); addsitedir
@@ -159,14 +163,14 @@ class Interpreters:
                 lines = [f"import site; site.addsitedir({p!r})" for p in parents if Path(p).is_dir()]
                 (purelib(venv) / "_scaleguard_parent.pth").write_text("\n".join(lines) + "\n")
             try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+                done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=environ)
             except (OSError, subprocess.SubprocessError) as exc:
                 raise BisectInputError(f"build {index}: {wheel}: could not be installed: {exc}") from None
             if done.returncode != 0:
                 tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
                 raise BisectInputError(f"build {index}: {wheel}: could not be installed: {tail}")
         self.say(f"build {index}: {wheel.name} installed into {venv} in {time.monotonic() - started:.0f} s")
-        return str(venv / "bin" / "python")
+        return python
 
 
 def purelib(venv: Path) -> Path:
