@@ -338,7 +338,10 @@ class ABSession:
                 kept.append(order)
             if len(kept) >= self.schedule.min_pairs:
                 verdict = self._judge(spec, kept, dropped)
-                if not undecided(verdict):
+                decided = not undecided(verdict)
+                more = "" if decided or len(kept) >= self.schedule.max_pairs else "; more pairs"
+                self.on_run(f"{spec.case_id}: {len(kept)} pairs: {verdict.status}{more}")
+                if decided:
                     break
         if verdict is None:
             raise CaseFailedError(spec.case_id, None, "no A/B pair completed: " + "; ".join(dropped[-3:]))

@@ -37,13 +37,28 @@ class Probe:
     stories: tuple[str, ...]
 
 
-def probe_build(good: str, build: str, pytest_args: list[str], index: int, work: Path) -> Probe:
-    """One paired A/B session of ``build`` against ``good`` over the selected cases."""
+def probe_build(
+    good: str,
+    build: str,
+    pytest_args: list[str],
+    index: int,
+    work: Path,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Probe:
+    """One paired A/B session of ``build`` against ``good`` over the selected cases; its
+    ``scaleguard:`` progress lines are passed on as they come (a probe takes minutes)."""
     storage = work / f"probe{index}"
     command = [sys.executable, "-m", "pytest", *pytest_args, "-p", "no:cacheprovider", "-q",
                "--perf-ab-a", good, "--perf-ab-b", build, "--perf-no-history",
                f"--benchmark-save=probe{index}", f"--benchmark-storage=file://{storage}"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True)
+    lines: list[str] = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith("scaleguard: ") and "pair" in line:
+                progress(line.rstrip())
+    done = subprocess.CompletedProcess(command, child.returncode, "".join(lines), "")
     saved = sorted(storage.glob(f"*/*_probe{index}.json"))
     if done.returncode not in (0, 1) or not saved:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
@@ -212,7 +227,7 @@ def _search(
 
     def measure(index: int) -> Probe:
         python = interpreters.side(index).interpreter.python
-        result = probe_build(good, python, pytest_args, index, work)
+        result = probe_build(good, python, pytest_args, index, work, lambda line: say(f"  {line}"))
         say(f"probe build {index} ({builds[index].given}) against build 0: {result.status}")
         for story in result.stories:
             say(f"  {story}")

@@ -120,6 +120,9 @@ def test_bisect_over_a_wheel_directory_orders_by_version_and_installs_only_what_
         "torch-2.15.0-py3-none-any.whl",
         "torch-2.15.0.dev20261102-py3-none-any.whl",
     ], installed  # build 2 (dev1103) is never needed, never installed
+    # a probe takes minutes: its pairs are reported as they are decided
+    assert any(line.startswith("  scaleguard: transformer_tiny-single") and " pairs: " in line
+               for line in out.splitlines()), out  # fmt: skip
 
 
 def test_bisect_wheel_directory_bad_input_is_exit_2(suite: pytest.Pytester, tmp_path: Path) -> None:
