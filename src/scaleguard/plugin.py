@@ -222,7 +222,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
     def progress(line: str) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
+        if reporter is None:
+            return
+        # written during a test (the machine probe, confirm runs), a line would land in the
+        # test's captured output, seen only if it fails: show it live, as live logging does
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
             reporter.write_line(f"scaleguard: {line}")
 
     state = Suite(perf_config, config.rootpath, progress)

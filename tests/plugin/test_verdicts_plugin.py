@@ -64,6 +64,8 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
     slowed = suite.runpytest_subprocess(*ARGS, f"--perf-baselines={baselines}", "--perf-update-baselines")
     slowed.assert_outcomes(passed=1, failed=1)
     out = slowed.stdout.str()
+    # progress written while a passing test runs (ws1 comes first) is shown live, not captured
+    assert re.search(r"^scaleguard: machine probe .*the baseline's runs", out, re.M), out
     story = re.search(r"transformer_tiny-ddp-ws2-fp32-strong REGRESSED: step .*", out)
     assert story, out
     change = float(re.search(r"\(\+(\d+\.\d)%", story.group(0)).group(1))
