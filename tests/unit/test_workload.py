@@ -25,6 +25,7 @@ BASELINES = Path(__file__).parents[2] / "baselines"
     ("file", "gpus", "cores", "new_models"),
     [
         ("cpu-intel-r-xeon-r-processor-1t.json", GpuInventory(0, ()), 2, {"decoder_tiny"}),
+        ("cpu-amd-epyc-1t.json", GpuInventory(0, ()), 2, set()),
         ("cuda-nvidia-h200-x1.json", GpuInventory(1, ("NVIDIA H200",)), 16, {"gpt2_small"}),
     ],
 )
