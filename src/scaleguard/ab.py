@@ -45,8 +45,15 @@ try:
 except Exception as e:
     print(json.dumps({"missing": "scaleguard", "error": repr(e)}))
     sys.exit(0)
+try:  # VmHWM, not ru_maxrss: ru_maxrss survives exec and would report the launcher's size
+    hwm = int(open("/proc/self/status").read().split("VmHWM:", 1)[1].split()[0]) * 1024
+except (OSError, IndexError, ValueError):
+    hwm = None
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "git": getattr(torch.version, "git_version", None)}
+        "git": getattr(torch.version, "git_version", None),
+        # what a rank holds before any model: on CPU a run's peak memory is its resident set,
+        # so an install with bigger libraries (a CUDA build) shows there; the story says it
+        "import_rss_bytes": hwm}
 print(json.dumps(info))
 """
 
@@ -350,6 +357,24 @@ class ABSession:
         self.verdicts[spec.case_id] = verdict
         return verdict
 
+    def _footprint(self, spec: CaseSpec, mem: tuple[list[float], list[float]]) -> str:
+        """On CPU, how much of a peak-memory change importing torch alone makes (measured
+        when each side was probed): a CUDA build maps far larger libraries than a CPU build
+        (228 vs 506 MiB for 2.13.0+cpu vs 2.14.1+cu130 on the 2-core VM), which is the
+        installs' difference, not the training step's. Empty when it is not material."""
+        a_import, b_import = (side.versions.get("import_rss_bytes") for side in (self.a, self.b))
+        if spec.device != "cpu" or not isinstance(a_import, int) or not isinstance(b_import, int):
+            return ""
+        grown = float(np.mean(mem[1]) - np.mean(mem[0]))
+        by_import = float(b_import - a_import)
+        if grown == 0 or by_import / grown < 0.25:
+            return ""
+        mib = 1024.0**2
+        return (
+            f"; importing torch alone: {a_import / mib:.0f} -> {b_import / mib:.0f} MiB, "
+            f"{by_import / mib:+.0f} of the {grown / mib:+.0f} MiB: the installs' libraries"
+        )
+
     def _judge(self, spec: CaseSpec, kept: list[str], dropped: list[str]) -> ABVerdict:
         ev_a = self.ledgers["A"].evidence(spec.case_id)
         ev_b = self.ledgers["B"].evidence(spec.case_id)
@@ -378,7 +403,7 @@ class ABSession:
             label = " (scaling regression)" if "efficiency" in reasons else ""
             parts.append(f"efficiency {np.mean(eff[0]):.2f} (A) -> {np.mean(eff[1]):.2f} (B){label}")
         if mems is not None:
-            parts.append(f"peak memory {mems.change:+.1%} ({metrics['memory']})")
+            parts.append(f"peak memory {mems.change:+.1%} ({metrics['memory']}{self._footprint(spec, mem)})")
         parts.append("verdicts: " + ", ".join(f"{m} {v}" for m, v in metrics.items()))
         if status == "INCONCLUSIVE" or any(v == "INCONCLUSIVE" for v in metrics.values()):
             left = [m for m, v in metrics.items() if v == "INCONCLUSIVE"]

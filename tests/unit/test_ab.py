@@ -153,3 +153,33 @@ def test_each_metric_has_its_own_verdict() -> None:
         "efficiency": "REGRESSED",
         "memory": "SAME",
     }
+
+
+class CudaBuildOnCpu(FakeRuns):
+    """B's ranks hold 278 MiB more from the start (its libraries); the step's own memory is equal."""
+
+    def __call__(self, spec, run_dir: Path, timeout_s: float, interpreter: Interpreter) -> object:  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        res = super().__call__(spec, run_dir, timeout_s, interpreter)
+        peak = (648 if self.calls[-1][0] == "B" else 370) * 2**20
+        return replace(res, peak_mem_bytes=tuple(peak for _ in res.peak_mem_bytes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("b_import_mib", "said"), [(506, True), (228, False)])
+def test_a_cpu_memory_change_says_how_much_importing_torch_alone_makes(
+    tmp_path: Path, b_import_mib: int, said: bool
+) -> None:
+    perf = ABSession(
+        ab.Side("A", Interpreter("py-a"), {"torch": "2.13.0+cpu", "import_rss_bytes": 228 * 2**20}),
+        ab.Side("B", Interpreter("py-b"), {"torch": "2.14.1+cu130", "import_rss_bytes": b_import_mib * 2**20}),
+        tmp_path, 60, lambda cid: CPU, ABSchedule(max_pairs=4, seed=1), run=CudaBuildOnCpu(),
+    )  # fmt: skip
+    verdict = perf.measure(tiny_spec(world_size=1))
+    assert verdict.metrics["memory"] == "REGRESSED"
+    footprint = "importing torch alone: 228 -> 506 MiB, +278 of the +278 MiB: the installs' libraries"
+    assert (footprint in verdict.story) is said, verdict.story
+
+
+def test_the_probe_measures_what_importing_torch_holds() -> None:
+    assert probe("A", sys.executable).versions["import_rss_bytes"] > 50 * 2**20
