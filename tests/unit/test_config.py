@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scaleguard import cli
-from scaleguard.compare import ThresholdSettings, Thresholds
+from scaleguard.compare import Thresholds, ThresholdSettings
 from scaleguard.config import ConfigError, PerfConfig
 
 
@@ -95,5 +95,5 @@ def test_the_cli_reads_its_thresholds_through_the_same_reader() -> None:
     assert cli.thresholds_from(args, "cpu") == read(
         {"threshold-step": "0.05", "threshold-memory": "0.2"}
     ).thresholds.for_device("cpu")
-    with pytest.raises(cli.UsageProblem, match="threshold step=2.0 must be a number in"):
+    with pytest.raises(cli.UsageProblem, match=r"threshold step=2\.0 must be a number in"):
         cli.config_from(argparse.Namespace(threshold_step="2"))
