@@ -115,6 +115,8 @@ def wheel_builds(directory: Path) -> list[Build]:
             raise BisectInputError(f"--wheels {directory}: {path.name} is not a wheel name: {exc}") from None
         if name != "torch":
             continue
+        if not path.is_file():  # a FIFO or a link to /dev/zero would hang pip's reader
+            raise BisectInputError(f"--wheels {directory}: {path.name} is not a regular file")
         if not tags & supported:
             skipped.append(path.name)
             continue

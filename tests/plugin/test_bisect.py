@@ -3,6 +3,7 @@ real slowdown (every ``nn.Linear`` forward 30 ms longer: +150 % on this case, fa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,15 +44,20 @@ def builds(tmp_path: Path) -> list[str]:
     return out
 
 
-def test_bisect_names_the_first_bad_build_in_log2_probes(
-    suite: pytest.Pytester, tmp_path: Path, process_tag: str
-) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "scaleguard.cli", "bisect", *builds(tmp_path), "--", "test_train_step.py",
+def bisect(suite: pytest.Pytester, *builds: str) -> subprocess.CompletedProcess[str]:
+    """`scaleguard bisect BUILDS -- ...` over one small case, slowed builds far beyond noise."""
+    return subprocess.run(
+        [sys.executable, "-m", "scaleguard.cli", "bisect", *builds, "--", "test_train_step.py",
          "--perf-models", "transformer_tiny", "--perf-modes", "single", "--perf-scaling", "strong",
          "--perf-steps", "10", "--perf-warmup", "3", "--perf-no-load-check", "--perf-ab-pairs", "6", "--perf-threshold-step", "0.6"],
         cwd=suite.path, capture_output=True, text=True, timeout=840,
     )  # fmt: skip
+
+
+def test_bisect_names_the_first_bad_build_in_log2_probes(
+    suite: pytest.Pytester, tmp_path: Path, process_tag: str
+) -> None:
+    done = bisect(suite, *builds(tmp_path))
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
     assert f"first bad: {tmp_path / 'build2-python'}" in out, out
@@ -102,12 +108,7 @@ def test_bisect_over_a_wheel_directory_orders_by_version_and_installs_only_what_
     fake_wheel(wheels, "2.15.0.dev20261103", slow=True)
     fake_wheel(wheels, "2.15.0.dev20261104", slow=True, tag="cp27-cp27m-win32")  # not for here: skipped
     (wheels / "torchvision-0.30.0-py3-none-any.whl").write_bytes(b"")  # not torch: ignored
-    done = subprocess.run(
-        [sys.executable, "-m", "scaleguard.cli", "bisect", "--wheels", str(wheels), "--", "test_train_step.py",
-         "--perf-models", "transformer_tiny", "--perf-modes", "single", "--perf-scaling", "strong",
-         "--perf-steps", "10", "--perf-warmup", "3", "--perf-no-load-check", "--perf-ab-pairs", "6", "--perf-threshold-step", "0.6"],
-        cwd=suite.path, capture_output=True, text=True, timeout=840,
-    )  # fmt: skip
+    done = bisect(suite, "--wheels", str(wheels))
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
     assert f"first bad: {wheels / 'torch-2.15.0.dev20261102-py3-none-any.whl'}" in out, out
@@ -137,7 +138,17 @@ def test_bisect_wheel_directory_bad_input_is_exit_2(suite: pytest.Pytester, tmp_
     broken.mkdir()
     fake_wheel(broken, "2.14.0", slow=False)
     (broken / "torch-2.15.0-py3-none-any.whl").write_bytes(b"not a zip file")
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    fake_wheel(hostile, "2.14.0", slow=False)
+    os.mkfifo(hostile / "torch-2.15.0-py3-none-any.whl")  # a reader that opens it waits forever
+    devzero = tmp_path / "devzero"
+    devzero.mkdir()
+    fake_wheel(devzero, "2.14.0", slow=False)
+    (devzero / "torch-2.15.0-py3-none-any.whl").symlink_to("/dev/zero")
     for directory, needle in (
+        (hostile, "is not a regular file"),
+        (devzero, "is not a regular file"),
         (tmp_path / "nope", "is not a directory"),
         (one, "1 torch wheel(s) for this interpreter"),
         (twice, "are both torch 2.15.0"),
