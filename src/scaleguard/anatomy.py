@@ -6,7 +6,10 @@ with gradient synchronisation and once without it (DDP's ``no_sync``). The backw
 only the synchronised steps pay is the **exposed communication**: all-reduce time that overlap
 did not hide, rank imbalance included. One more step runs under ``torch.profiler`` for a
 compact table of the costliest ops (device time on CUDA, self CPU time on CPU) and a
-Chrome-trace file of rank 0 (opens in Perfetto or chrome://tracing).
+Chrome-trace file of rank 0 (opens in Perfetto or chrome://tracing). On CUDA that step also
+gives the GPU's busy time (all kernels) and the costliest ops by host time: a step that grew
+while the GPU's busy time did not grew on the host (launches, Python, hooks, data), and the
+story then names the host op that carries it rather than a device op that did not move.
 
 The synchronised phases are slower than a real step (no overlap across phase boundaries), so the
 categories explain a step; they do not add up to the measured median. What a REGRESSED story
@@ -54,6 +57,9 @@ class Anatomy:
     cost_s: float  # wall time the anatomy added to the run
     trace: str | None = None  # rank 0's Chrome trace (a path on the machine that ran it)
     grad_bytes: int = 0  # gradients a step all-reduces (unsharded), for the bandwidth bound
+    # CUDA only: the profiled step's kernel time in all (ms), and its ops by self host time
+    device_busy_ms: float | None = None
+    host_ops: tuple[OpTime, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +70,8 @@ class Anatomy:
             "cost_s": round(self.cost_s, 3),
             "trace": self.trace,
             "grad_bytes": self.grad_bytes,
+            "device_busy_ms": None if self.device_busy_ms is None else round(self.device_busy_ms, 4),
+            "host_ops": [{"name": o.name, "calls": o.calls, "ms": round(o.ms, 4)} for o in self.host_ops],
         }
 
     @classmethod
@@ -74,20 +82,28 @@ class Anatomy:
             if key not in CATEGORIES:
                 raise f.fail("ms", f"has an unknown category {key!r}; known: {', '.join(CATEGORIES)}")
             ms[key] = float(Fields.of({"v": value}, f"{where}.ms", fix).number("v") or 0.0)
-        ops = []
-        for index, item in enumerate(f.items("top_ops")[:TOP_OPS]):
-            o = Fields.of(item, f"{where}.top_ops[{index}]", fix)
-            ops.append(
-                OpTime(o.string("name"), float(o.number("calls") or 0.0), float(o.number("ms") or 0.0))
-            )
+
+        def op_table(key: str) -> tuple[OpTime, ...]:
+            ops = []
+            items = f.items(key, optional=True) if key == "host_ops" else f.items(key)
+            for index, item in enumerate((items or [])[:TOP_OPS]):
+                o = Fields.of(item, f"{where}.{key}[{index}]", fix)
+                ops.append(
+                    OpTime(o.string("name"), float(o.number("calls") or 0.0), float(o.number("ms") or 0.0))
+                )
+            return tuple(ops)
+
+        busy = f.number("device_busy_ms", optional=True)
         return cls(
             ms=ms,
-            top_ops=tuple(ops),
+            top_ops=op_table("top_ops"),
             op_clock=f.string("op_clock"),
             steps=int(f.integer("steps", 1, 10_000) or 1),
             cost_s=float(f.number("cost_s") or 0.0),
             trace=f.text("trace", optional=True),
             grad_bytes=int(f.integer("grad_bytes", optional=True) or 0),
+            device_busy_ms=None if busy is None else float(busy),
+            host_ops=op_table("host_ops"),
         )
 
 
@@ -129,7 +145,8 @@ def measure(
             phased.step()
             _synchronize()
     on_device = any(a == torch.profiler.ProfilerActivity.CUDA for a in profiler_activities)
-    top = top_ops(prof.key_averages(), on_device)
+    averages = prof.key_averages()
+    top = top_ops(averages, on_device)
     if trace is not None:
         try:
             trace.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +161,8 @@ def measure(
         cost_s=time.perf_counter() - started,
         trace=str(trace) if trace is not None else None,
         grad_bytes=phased.grad_bytes,
+        device_busy_ms=device_busy_ms(averages) if on_device else None,
+        host_ops=top_ops(averages, on_device=False) if on_device else (),
     )
 
 
@@ -192,20 +211,35 @@ def top_ops(averages: Sequence[Any], on_device: bool) -> tuple[OpTime, ...]:
     return tuple(top)
 
 
+def device_busy_ms(averages: Sequence[Any]) -> float:
+    """The device's kernel time in the profiled step (ms): every kernel, launched by an op or not."""
+    return (
+        sum(
+            float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
+            for e in averages
+            if not str(getattr(e, "device_type", "CPU")).endswith("CPU")
+        )
+        / 1e3
+    )
+
+
 def _median_ms(anatomies: Sequence[Anatomy]) -> dict[str, float]:
     keys = {k for a in anatomies for k in a.ms}
     return {k: statistics.median(a.ms.get(k, 0.0) for a in anatomies) for k in keys}
 
 
-def _median_ops(anatomies: Sequence[Anatomy]) -> dict[str, float]:
-    names = {o.name for a in anatomies for o in a.top_ops}
-    per = [{o.name: o.ms for o in a.top_ops} for a in anatomies]
+def _median_ops(anatomies: Sequence[Anatomy], table: str = "top_ops") -> dict[str, float]:
+    tables: list[tuple[OpTime, ...]] = [getattr(a, table) for a in anatomies]
+    names = {o.name for t in tables for o in t}
+    per = [{o.name: o.ms for o in t} for t in tables]
     # an op missing from a run's top table took less than that table's last row: count it as 0
     return {n: statistics.median(p.get(n, 0.0) for p in per) for n in names}
 
 
 # an op is named as a cause only when its change is at least this share of the step's change
 MATERIAL_SHARE = 0.25
+# the GPU's busy time carrying less than this share of the step's change: a host-side change
+HOST_SIDE_SHARE = 0.5
 
 
 def explain(
@@ -217,7 +251,9 @@ def explain(
     """What moved between the baseline's anatomies and this session's, said with what is
     material, e.g. ``slower: backward +1.41 ms/step (30.23 -> 31.63), optimizer +0.53 ms/step;
     phases explain 1.9 of 2.7 ms; no single op stands out (largest: aten::mm +0.07 ms/step, 3 %
-    of the change)``. None when either side has no anatomy.
+    of the change)``. None when either side has no anatomy. On CUDA it says the GPU's busy time
+    too; when that carries less than half the change, the change is on the host and the op named
+    is the one whose host time grew (``top host op``).
 
     Args:
         step_change_ms: how much the measured step moved; the phases' and ops' changes are
@@ -244,8 +280,22 @@ def explain(
         # holds the exposed communication: not added twice)
         explained = sum(d for k, d in moved if k in PHASES)
         text += f"; phases explain {explained:.1f} of {change:.1f} ms"
+    reference = change if change is not None else sum(d for _, d in grew)
+    table, label = "top_ops", "top op"
+    busy_old = [a.device_busy_ms for a in old if a.device_busy_ms is not None]
+    busy_new = [a.device_busy_ms for a in new if a.device_busy_ms is not None]
+    if busy_old and busy_new:
+        b0, b1 = statistics.median(busy_old), statistics.median(busy_new)
+        text += f"; GPU busy {b0:.1f} -> {b1:.1f} ms/step"
+        if b1 - b0 < HOST_SIDE_SHARE * reference:
+            # the step grew, the kernels did not: the time went to the host (a launch-bound
+            # step shows it, a device-bound one hides it behind its queue). Device ops cannot
+            # say which part of the host: their host-time table can
+            text += " (the rest of the change is on the host: launches, Python, hooks, data)"
+            if all(a.host_ops for a in (*old, *new)):
+                table, label = "host_ops", "top host op"
     if old[0].op_clock == new[0].op_clock:
-        ops_before, ops_after = _median_ops(old), _median_ops(new)
+        ops_before, ops_after = _median_ops(old, table), _median_ops(new, table)
         deltas = sorted(
             ((n, ops_after.get(n, 0.0) - ops_before.get(n, 0.0)) for n in set(ops_before) | set(ops_after)),
             key=lambda kv: -kv[1],
@@ -254,9 +304,8 @@ def explain(
             name, delta = deltas[0]
             base = ops_before.get(name, 0.0)
             rel = f" ({delta / base:+.0%})" if base > 0 else " (new in the top ops)"
-            reference = change if change is not None else sum(d for _, d in grew)
             if delta >= MATERIAL_SHARE * reference:
-                text += f"; top op: {name} +{delta:.2f} ms/step{rel}"
+                text += f"; {label}: {name} +{delta:.2f} ms/step{rel}"
             else:
                 text += (
                     f"; no single op stands out (largest: {name} +{delta:.2f} ms/step, "

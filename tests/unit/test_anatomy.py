@@ -124,3 +124,44 @@ def test_the_story_says_how_much_the_phases_explain_and_names_only_a_material_op
     assert (
         big is not None and "phases explain 3.0 of 3.2 ms" in big and "top op: aten::mm +3.00 ms/step" in big
     )
+
+
+def cuda_anatomy(busy: float, hook_host_ms: float, backward: float, conv_ms: float = 9.0) -> Anatomy:
+    import dataclasses
+
+    hook = "autograd::engine::evaluate_function: BackwardHookFunctionBackward"
+    return dataclasses.replace(
+        anatomy(backward=backward),
+        top_ops=(OpTime("aten::convolution_backward", 53, conv_ms), OpTime("aten::mm", 12, 4.0)),
+        op_clock="device",
+        device_busy_ms=busy,
+        host_ops=(OpTime(hook, 1, hook_host_ms), OpTime("aten::convolution_backward", 53, 3.0)),
+    )
+
+
+def test_a_host_side_change_is_said_to_be_on_the_host_and_names_the_host_op() -> None:
+    # a launch-bound step grew 15.8 ms; the kernels' busy time did not move; a backward hook
+    # holds 12 ms more host time
+    text = explain([cuda_anatomy(20.0, 0.02, 25.0)], [cuda_anatomy(20.1, 12.02, 37.0)], step_change_ms=15.8)
+    assert text is not None and "GPU busy 20.0 -> 20.1 ms/step (the rest of the change is on the host" in text
+    assert "top host op: autograd::engine::evaluate_function: BackwardHookFunctionBackward +12.00" in text
+    assert "top op:" not in text
+
+
+def test_a_device_side_change_keeps_the_device_op_and_says_nothing_of_the_host() -> None:
+    text = explain(
+        [cuda_anatomy(20.0, 0.02, 25.0)], [cuda_anatomy(22.8, 0.02, 27.8, conv_ms=11.8)], step_change_ms=2.8
+    )
+    assert text is not None and "GPU busy 20.0 -> 22.8 ms/step" in text and "host" not in text
+    assert "top op: aten::convolution_backward +2.80 ms/step" in text
+
+
+def test_the_cuda_fields_round_trip_and_an_older_record_without_them_still_reads() -> None:
+    a = cuda_anatomy(20.0, 0.5, 25.0)
+    assert Anatomy.from_dict(a.to_dict(), "x", "fix") == a
+    older = {k: v for k, v in a.to_dict().items() if k not in ("device_busy_ms", "host_ops")}
+    read = Anatomy.from_dict(older, "x", "fix")
+    assert read.device_busy_ms is None and read.host_ops == ()
+    # an older side says nothing of the GPU's busy time: the story keeps the device ops
+    text = explain([read], [cuda_anatomy(20.1, 12.0, 37.0)], step_change_ms=12.0)
+    assert text is not None and "GPU busy" not in text
