@@ -37,9 +37,13 @@ case $phase in
     i=0
     faults=("slow,ms=2.8,at=backward" "slow,ms=12,at=backward,on=host")
     if [ -n "${FAULTS:-}" ]; then read -r -a faults <<< "$FAULTS"; fi  # e.g. FAULTS="slow,ms=12,at=backward,on=host"
+    # FAULT_CASES: one case id per fault (space-separated), to judge each fault on one case only
+    cases=(); if [ -n "${FAULT_CASES:-}" ]; then read -r -a cases <<< "$FAULT_CASES"; fi
     for fault in "${faults[@]}"; do
       i=$((i+1))
-      SCALEGUARD_INJECT_FAULT=$fault timeout -s INT "${FAULT_LIMIT:-150}" python -m pytest "${common[@]}" 2>&1 | stamp > "$out/explain-fault$i.log"
+      args=("${common[@]}")
+      if [ -n "${cases[$((i-1))]:-}" ]; then args=(perf/ -k "${cases[$((i-1))]} and not loader" --perf-inputs synthetic --perf-baselines "$base" --perf-no-history -rfE); fi
+      SCALEGUARD_INJECT_FAULT=$fault timeout -s INT "${FAULT_LIMIT:-150}" python -m pytest "${args[@]}" 2>&1 | stamp > "$out/explain-fault$i.log"
       echo "== $fault"; grep -E "REGRESSED|OK|IMPROVED|slower|phases|op" "$out/explain-fault$i.log" | grep -v "PASSED" | cut -c1-500 | head -12
     done
     # the bimodal host-launch-bound case: default placement, then the rank pinned to 8 cores

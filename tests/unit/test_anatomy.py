@@ -165,3 +165,51 @@ def test_the_cuda_fields_round_trip_and_an_older_record_without_them_still_reads
     # an older side says nothing of the GPU's busy time: the story keeps the device ops
     text = explain([read], [cuda_anatomy(20.1, 12.0, 37.0)], step_change_ms=12.0)
     assert text is not None and "GPU busy" not in text
+
+
+def test_device_side_annotations_are_not_counted_as_kernels() -> None:
+    from types import SimpleNamespace as Event
+
+    from scaleguard.anatomy import device_busy_ms, top_ops
+
+    averages = [
+        Event(key="aten::mm", count=1, self_device_time_total=3000.0, device_type="DeviceType.CPU"),
+        Event(key="sm90_gemm", count=1, self_device_time_total=3000.0, device_type="DeviceType.CUDA"),
+        # DDP's forward on the GPU timeline: spans the gemm, is no kernel of its own
+        Event(
+            key="DistributedDataParallel.forward",
+            count=1,
+            self_device_time_total=2900.0,
+            device_type="DeviceType.CUDA",
+            is_user_annotation=True,
+        ),
+    ]
+    assert device_busy_ms(averages) == pytest.approx(3.0)
+    assert [r.name for r in top_ops(averages, on_device=True)] == ["aten::mm"]  # no "outside" row
+
+
+def test_an_older_cuda_record_loses_its_outside_row_which_counted_annotations() -> None:
+    from scaleguard.anatomy import OUTSIDE_OPS
+
+    a = replace_ops(anatomy(), (OpTime(OUTSIDE_OPS, 1, 24.8), OpTime("aten::mm", 12, 24.3)))
+    older = {k: v for k, v in a.to_dict().items() if k not in ("device_busy_ms", "host_ops")}
+    assert [o.name for o in Anatomy.from_dict(older, "x", "fix").top_ops] == ["aten::mm"]
+
+
+def test_an_op_that_only_moved_into_a_cut_table_is_not_new() -> None:
+    import dataclasses
+
+    # the baseline's table was cut at 8 rows (last 1.8 ms); tonight aten::sum (1.9 ms) made it in
+    rows = tuple(OpTime(f"aten::op{i}", 1, 10.0 - i) for i in range(7)) + (OpTime("aten::cat", 1, 1.8),)
+    old = dataclasses.replace(anatomy(), top_ops=rows)
+    new = dataclasses.replace(anatomy(backward=12.0), top_ops=(*rows[:7], OpTime("aten::sum", 1, 1.9)))
+    text = explain([old], [new], step_change_ms=2.0)
+    assert text is not None and "no single op stands out" in text and "+1.90" not in text
+    # in a table that was not cut (fewer than 8 rows) a missing op took nothing: it is new
+    short = dataclasses.replace(anatomy(), top_ops=rows[:3])
+    text = explain(
+        [short],
+        [dataclasses.replace(new, top_ops=(*rows[:3], OpTime("aten::sum", 1, 1.9)))],
+        step_change_ms=2.0,
+    )
+    assert text is not None and "top op: aten::sum +1.90 ms/step (new in the top ops)" in text
