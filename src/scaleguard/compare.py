@@ -205,6 +205,13 @@ class ThresholdSettings:
 # (README, "How fast is this machine"). Machines closer than this are the same speed as far as
 # the probe can tell.
 PROBE_NOISE = 0.10
+# A case whose GPU runs kernels for at least this share of its step (in the baseline's anatomy
+# and, where measured, tonight's) is device-bound: the host runs ahead and a slower or faster
+# host does not move it. Measured on the H200: ResNet-50 bs 256 bf16 keeps the GPU busy 97 % of
+# its step (53.8 of 55.5 ms) and moved <= 0.5 % between hosts whose probe differed 1.91x. The
+# machine rule used to forgive such a case too: a 2.8 ms GPU-side slowdown (+5 %) read OK on a
+# machine whose probe had drifted 34 % slower within minutes.
+DEVICE_BOUND = 0.90
 
 
 @dataclass(frozen=True)
@@ -308,6 +315,7 @@ class _Findings:
     needed_eff: float | None
     machine: MachineDiff | None = None
     machine_moved: bool = False
+    device_bound: float | None = None  # the GPU's busy share, when that kept the machine rule off
 
 
 def _young(old: CaseEvidence, thr: Thresholds) -> bool:
@@ -328,7 +336,18 @@ def _examine(
     if machine is not None and not machine.differs:
         machine = None  # the same speed as far as the probe can tell: nothing to say
     machine_moved = False
+    device_bound = None
     if machine is not None:
+        old_busy, new_busy = old.gpu_busy_share(), new.gpu_busy_share()
+        if (
+            old_busy is not None
+            and old_busy >= DEVICE_BOUND
+            and (new_busy is None or new_busy >= DEVICE_BOUND)
+        ):
+            # tonight's runs carry an anatomy only once they confirm a change: until then the
+            # baseline's share decides; a step that became host-bound tonight gets the rule back
+            device_bound = old_busy if new_busy is None else min(old_busy, new_busy)
+    if machine is not None and device_bound is None:
         # judge the machine's direction on steps divided by its reach (what a fully host-bound
         # case would do), the other direction as measured: a slower machine hides no speed-up
         # and a faster one no slowdown, and a change beyond the machine's reach is still one
@@ -369,7 +388,16 @@ def _examine(
         )
         mem_worse = mem.change > max(thr.memory, thr.k_spread * mem.spread) and mem.p_up < thr.alpha
     found = _Findings(
-        slower, faster, suspect, eff_worse, mem_worse, needed, needed_eff, machine, machine_moved
+        slower,
+        faster,
+        suspect,
+        eff_worse,
+        mem_worse,
+        needed,
+        needed_eff,
+        machine,
+        machine_moved,
+        device_bound,
     )
     return step, eff, mem, found
 
@@ -501,7 +529,13 @@ def story(
             f"{thr.k_spread:g} x the run-to-run spread) is not significant at p<{thr.alpha:g} "
             "with these runs: not judged"
         )
-    if found.machine is not None:
+    if found.machine is not None and found.device_bound is not None:
+        parts.append(
+            found.machine.describe()
+            + f"; this step is device-bound (the GPU busy {found.device_bound:.0%} of it): the host's"
+            " speed does not move it, judged as measured"
+        )
+    elif found.machine is not None:
         parts.append(
             found.machine.describe()
             + f"; a host-bound step may move up to {_pct(found.machine.reach - 1)} with it"

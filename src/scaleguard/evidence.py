@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -186,6 +187,17 @@ class CaseEvidence:
 
     def memories(self) -> list[float]:
         return [float(r.peak_mem_bytes) for r in self.evidence if r.peak_mem_bytes > 0]
+
+    def gpu_busy_share(self) -> float | None:
+        """How much of a measured step the GPU spends running kernels (median over the runs
+        whose anatomy measured it; None when none did): near 1, the host runs ahead of the
+        GPU and its speed does not move the step; well below 1, the GPU waits on the host."""
+        shares = [
+            min(1.0, r.anatomy.device_busy_ms / (r.median_s * 1e3))
+            for r in self.evidence
+            if r.anatomy is not None and r.anatomy.device_busy_ms is not None and r.median_s > 0
+        ]
+        return statistics.median(shares) if shares else None
 
     def median_s(self) -> float:
         """Geometric mean of the run medians: the case's step time."""

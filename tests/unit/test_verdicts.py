@@ -289,3 +289,47 @@ def test_a_cpu_case_is_judged_by_the_all_cores_probe_a_gpu_case_by_the_one_core_
     # a loader case on a GPU runner uses cores for its workers: the larger move counts
     loader = machine_diff(case(new, inputs="loader"), case(base, inputs="loader"))
     assert loader is not None and loader.all_cores and loader.factor == 4.0
+
+
+def _busy(runs: list[RunRecord], share: float) -> list[RunRecord]:
+    """Runs whose anatomy found the GPU running kernels for ``share`` of the step."""
+    from dataclasses import replace
+
+    from scaleguard.anatomy import Anatomy
+
+    def anatomy(r: RunRecord) -> Anatomy:
+        return Anatomy(
+            ms={"forward": 1.0}, top_ops=(), op_clock="device", steps=3, cost_s=0.1,
+            device_busy_ms=share * r.median_s * 1e3,
+        )  # fmt: skip
+
+    return [replace(r, anatomy=anatomy(r)) for r in runs]
+
+
+@pytest.mark.parametrize(
+    ("base_share", "new_share", "expected"),
+    [
+        # device-bound in the baseline: +5 % on a machine whose probe reads 34 % slower is a change
+        (0.97, None, Status.REGRESSED),
+        (0.97, 0.97, Status.REGRESSED),
+        # host-bound (the GPU waits half the step): it may move with the host, as before
+        (0.5, None, Status.OK),
+        # device-bound before, host-bound tonight (the slower host became the bottleneck)
+        (0.97, 0.6, Status.OK),
+        # no anatomy in the baseline: the probe cannot tell which a case is, as before
+        (None, None, Status.OK),
+    ],
+)
+def test_a_device_bound_step_is_not_forgiven_by_a_slower_host(
+    base_share: float | None, new_share: float | None, expected: Status
+) -> None:
+    base = _on(spread_runs(10, 0.0555, 0.003, seed=40), 12.1e6)
+    new = _on(spread_runs(3, 0.0583, 0.003, seed=41), 8.0e6)  # +5 %, the probe 34 % slower
+    if base_share is not None:
+        base = _busy(base, base_share)
+    if new_share is not None:
+        new = _busy(new, new_share)
+    verdict = decide(case(new), case(base), CUDA)
+    assert verdict.status is expected, verdict.story
+    assert "34% slower than the baseline's" in verdict.story
+    assert ("device-bound (the GPU busy 97% of it)" in verdict.story) is (expected is Status.REGRESSED)
