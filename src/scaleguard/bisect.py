@@ -13,6 +13,10 @@ version (nightlies are ``devYYYYMMDD``), each installed when the search first ne
 throwaway virtual environment (nothing downloaded; only the ``log2(n)`` probed builds and the
 good end are installed).
 
+Every probe has a deadline (``--probe-timeout``, default 2 h): a probe that has not answered
+by then is interrupted as Ctrl-C would (its ranks reaped), killed after a grace period, and
+said as FAILED, which stops the search with the range still open.
+
 Exit 0: found; 1: not found or undecidable; 2: bad input.
 """
 
@@ -20,14 +24,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from scaleguard import ab
+
+PROBE_TIMEOUT_S = 7200.0  # one probe: an A/B session over the selected cases, pairs capped
+INTERRUPT_GRACE_S = 60.0  # after the SIGINT, for pytest to reap its ranks and write what it has
 
 
 @dataclass(frozen=True)
@@ -44,20 +53,52 @@ def probe_build(
     index: int,
     work: Path,
     progress: Callable[[str], None] = lambda line: None,
+    timeout_s: float = PROBE_TIMEOUT_S,
 ) -> Probe:
     """One paired A/B session of ``build`` against ``good`` over the selected cases; its
-    ``scaleguard:`` progress lines are passed on as they come (a probe takes minutes)."""
+    ``scaleguard:`` progress lines are passed on as they come (a probe takes minutes). Past
+    ``timeout_s`` the session is interrupted (SIGINT, as Ctrl-C: pytest reaps its ranks), then
+    its process group killed after ``INTERRUPT_GRACE_S``; the probe is FAILED."""
     storage = work / f"probe{index}"
     command = [sys.executable, "-m", "pytest", *pytest_args, "-p", "no:cacheprovider", "-q",
                "--perf-ab-a", good, "--perf-ab-b", build, "--perf-no-history",
                f"--benchmark-save=probe{index}", f"--benchmark-storage=file://{storage}"]  # fmt: skip
     lines: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
-        assert child.stdout is not None
-        for line in child.stdout:
-            lines.append(line)
-            if line.startswith("scaleguard: ") and "pair" in line:
-                progress(line.rstrip())
+    expired = threading.Event()
+    # its own session: the deadline can reach every process it starts that did not leave it
+    # (ranks make their own groups and die with their parent: PR_SET_PDEATHSIG)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as child:
+
+        def stop() -> None:
+            expired.set()
+            _interrupt(child)
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                lines.append(line)
+                if line.startswith("scaleguard: ") and "pair" in line:
+                    progress(line.rstrip())
+        finally:
+            timer.cancel()
+            if child.poll() is None and not expired.is_set():
+                # bisect itself was interrupted: its own session kept the terminal's Ctrl-C
+                # from the probe, which is handed on
+                _interrupt(child)
+    if expired.is_set():
+        return Probe(
+            index,
+            "FAILED",
+            (
+                f"no answer within {timeout_s:g} s (--probe-timeout): the probe was interrupted "
+                "and its processes stopped",
+            ),
+        )
     done = subprocess.CompletedProcess(command, child.returncode, "".join(lines), "")
     saved = sorted(storage.glob(f"*/*_probe{index}.json"))
     if done.returncode not in (0, 1) or not saved:
@@ -77,6 +118,24 @@ def probe_build(
     else:
         status = "FAILED"
     return Probe(index, status, stories)
+
+
+def _interrupt(child: subprocess.Popen[str]) -> None:
+    """SIGINT to the probe's group (pytest reaps its ranks), SIGKILL after the grace period."""
+    _signal_group(child.pid, signal.SIGINT)
+    try:
+        child.wait(INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        _signal_group(child.pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class BisectInputError(ValueError):
@@ -197,7 +256,12 @@ def purelib(venv: Path) -> Path:
     return found[0]
 
 
-def main(builds: list[str] | list[Build], pytest_args: list[str], out: Callable[[str], None] = print) -> int:
+def main(
+    builds: list[str] | list[Build],
+    pytest_args: list[str],
+    out: Callable[[str], None] = print,
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
+) -> int:
     """Binary search over ``builds`` (interpreters or wheels, good first, bad last)."""
     say = out
     chosen = [b if isinstance(b, Build) else Build(b) for b in builds]
@@ -211,7 +275,7 @@ def main(builds: list[str] | list[Build], pytest_args: list[str], out: Callable[
             if all(b.wheel is None for b in chosen):
                 for i in range(len(chosen)):  # interpreters cost nothing: every one checked now
                     interpreters.side(i)
-            return _search(chosen, interpreters, pytest_args, work, say)
+            return _search(chosen, interpreters, pytest_args, work, say, probe_timeout_s)
         except BisectInputError as exc:
             say(f"scaleguard bisect: {exc}")
             return 2
@@ -223,13 +287,16 @@ def _search(
     pytest_args: list[str],
     work: Path,
     say: Callable[[str], None],
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
 ) -> int:
     lo, hi = 0, len(builds) - 1
     good = interpreters.side(0).interpreter.python
 
     def measure(index: int) -> Probe:
         python = interpreters.side(index).interpreter.python
-        result = probe_build(good, python, pytest_args, index, work, lambda line: say(f"  {line}"))
+        result = probe_build(
+            good, python, pytest_args, index, work, lambda line: say(f"  {line}"), probe_timeout_s
+        )
         say(f"probe build {index} ({builds[index].given}) against build 0: {result.status}")
         for story in result.stories:
             say(f"  {story}")

@@ -376,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
         "builds",
         nargs="+",
         help="interpreters (paths or commands on PATH), oldest good first; or --wheels DIR: the torch "
-        "wheels of DIR by version, each installed into a throwaway venv when probed",
+        "wheels of DIR by version, each installed into a throwaway venv when probed; first, optionally, "
+        "--probe-timeout S: the deadline of one probe (default 7200 s)",
     )
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -395,6 +396,16 @@ def main(argv: list[str] | None = None) -> int:
         if "--" in builds:
             at = builds.index("--")
             builds, pytest_args = builds[:at], builds[at + 1 :]
+        timeout_s = bisect.PROBE_TIMEOUT_S
+        if builds[:1] == ["--probe-timeout"]:
+            try:
+                timeout_s = float(builds[1])
+                if not 0 < timeout_s < 1e7:
+                    raise ValueError
+            except (IndexError, ValueError):
+                print("scaleguard bisect: --probe-timeout takes seconds (a positive number)", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            builds = builds[2:]
         chosen: list[str] | list[bisect.Build] = builds
         if len(builds) == 2 and builds[0] == "--wheels":
             try:
@@ -403,11 +414,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"scaleguard bisect: {exc}", file=sys.stderr)
                 return EXIT_BAD_INPUT
         elif not builds or any(b.startswith("-") for b in builds):
-            print("scaleguard bisect: usage: scaleguard bisect PY_GOOD [PY ...] PY_BAD -- perf/ -k CASE\n"
-                  "                   or: scaleguard bisect --wheels DIR -- perf/ -k CASE",
+            print("scaleguard bisect: usage: scaleguard bisect [--probe-timeout S] PY_GOOD [PY ...] PY_BAD\n"
+                  "                             -- perf/ -k CASE\n"
+                  "               or: scaleguard bisect [--probe-timeout S] --wheels DIR -- perf/ -k CASE",
                   file=sys.stderr)  # fmt: skip
             return EXIT_BAD_INPUT
-        return bisect.main(chosen, pytest_args or ["perf/"])
+        return bisect.main(chosen, pytest_args or ["perf/"], probe_timeout_s=timeout_s)
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command != "ab":
         build_parser().parse_args(argv)  # the usual error for unknown arguments

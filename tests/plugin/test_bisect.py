@@ -160,3 +160,50 @@ def test_bisect_wheel_directory_bad_input_is_exit_2(suite: pytest.Pytester, tmp_
         )  # fmt: skip
         assert done.returncode == 2 and needle in done.stdout + done.stderr, done.stdout + done.stderr
         assert "Traceback" not in done.stdout + done.stderr
+
+
+HANGING_PROBE = """
+import signal
+import time
+
+
+def test_hangs():
+    if {ignore_interrupt}:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ignore_interrupt", [False, True], ids=["interruptible", "ignores-sigint"])
+def test_a_probe_that_never_answers_is_stopped_at_its_deadline(
+    suite: pytest.Pytester,
+    tmp_path: Path,
+    process_tag: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ignore_interrupt: bool,
+) -> None:
+    import time
+
+    from scaleguard import bisect as bisect_module
+
+    monkeypatch.setattr(bisect_module, "INTERRUPT_GRACE_S", 5.0)
+    monkeypatch.chdir(suite.path)
+    hang = suite.path / "test_hang.py"
+    hang.write_text(HANGING_PROBE.format(ignore_interrupt=ignore_interrupt))
+    started = time.monotonic()
+    probe = bisect_module.probe_build(
+        sys.executable, sys.executable, [str(hang)], 0, tmp_path, timeout_s=30.0
+    )
+    took = time.monotonic() - started
+    assert probe.status == "FAILED" and "no answer within 30 s (--probe-timeout)" in probe.stories[0]
+    assert took < 30.0 + 5.0 + 60.0, took  # the deadline, the grace, and the child's own exit
+    # process_tag: nothing the probe started is left
+
+
+def test_probe_timeout_must_be_a_positive_number(suite: pytest.Pytester) -> None:
+    for value in ("0", "-3", "soon", "nan"):
+        done = subprocess.run(
+            [sys.executable, "-m", "scaleguard.cli", "bisect", "--probe-timeout", value, "a", "b"],
+            cwd=suite.path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and "--probe-timeout takes seconds" in done.stderr, (value, done.stderr)
