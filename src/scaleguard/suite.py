@@ -22,6 +22,7 @@ from scaleguard.config import ConfigError, PerfConfig
 if TYPE_CHECKING:
     from scaleguard.ab import ABSession, Side
     from scaleguard.compare import Thresholds
+    from scaleguard.env import HostFingerprint
     from scaleguard.evidence import CaseEvidence
     from scaleguard.launcher import Pools
     from scaleguard.ledger import BaselineContext, Ledger
@@ -45,6 +46,7 @@ class Suite:
         self.run_root: Path | None = None  # rank files of every run; removed at the end
         self._planned: list[PlannedCase] | None = None
         self._baselines: BaselineContext | None = None
+        self._host: HostFingerprint | None = None
         self._ab_sides: tuple[Side, Side] | None = None
 
     # -- what runs ---------------------------------------------------------------------------
@@ -101,12 +103,21 @@ class Suite:
             return DEFAULT_LIMIT_CORES
         return self.config.foreign_limit
 
+    def host(self) -> HostFingerprint:
+        """This machine as the baseline key sees it, read once per session."""
+        if self._host is None:
+            from scaleguard.env import host_fingerprint
+
+            self._host = host_fingerprint()
+        return self._host
+
     def hardware_key(self) -> str:
+        """The one derivation of this session's baseline key (the file name, and the key the
+        file must hold)."""
         from scaleguard.baseline import host_hardware_key
-        from scaleguard.env import host_fingerprint
 
         spec = self.planned()[0].spec
-        return host_hardware_key(host_fingerprint(), spec.device, spec.settings.threads_per_rank)
+        return host_hardware_key(self.host(), spec.device, spec.settings.threads_per_rank)
 
     # -- what it is judged against -----------------------------------------------------------
 
@@ -116,13 +127,12 @@ class Suite:
         if self._baselines is not None:
             return self._baselines
         from scaleguard import baseline
-        from scaleguard.env import host_fingerprint
         from scaleguard.ledger import BaselineContext
 
         config = self.config
         spec = self.planned()[0].spec
-        host = host_fingerprint()
-        key = baseline.host_hardware_key(host, spec.device, spec.settings.threads_per_rank)
+        host = self.host()
+        key = self.hardware_key()
         given = config.baselines
         directory = given if given is not None else self.rootpath / "baselines"
         if directory.exists() and not directory.is_dir():
