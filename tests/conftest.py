@@ -7,9 +7,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy.fft  # noqa: F401  (see below)
 import pytest
+import scipy.stats  # noqa: F401
 
 from scaleguard.case import CaseSpec, RunSettings
+
+# numpy's extension modules (numpy.fft, through scipy.stats) are imported here, before any
+# test: pytester's in-process runs drop the modules first imported inside them, and numpy
+# refuses a second import in one process ("cannot load module more than once per process"),
+# which failed tests/unit/test_config.py run after tests/plugin/test_plugin.py
 
 TAG_ENV = "SCALEGUARD_TEST_TAG"
 
