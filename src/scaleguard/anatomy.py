@@ -169,7 +169,7 @@ def measure(
         cost_s=time.perf_counter() - started,
         trace=str(trace) if trace is not None else None,
         grad_bytes=phased.grad_bytes,
-        device_busy_ms=device_busy_ms(averages) if on_device else None,
+        device_busy_ms=device_busy_ms(prof.events()) if on_device else None,
         host_ops=top_ops(averages, on_device=False) if on_device else (),
     )
 
@@ -209,29 +209,41 @@ def top_ops(averages: Sequence[Any], on_device: bool) -> tuple[OpTime, ...]:
     if on_device:
         # device time of kernels no op launched (a raw CUDA kernel from an extension, a custom
         # launcher): the device's total less what the ops account for, as one row of its own
-        outside = device_busy_ms(averages) - sum(self_us(e) for e in rows) / 1e3
+        outside = _kernel_ms(averages) - sum(self_us(e) for e in rows) / 1e3
         if outside > 0.01:
             top.append(OpTime(OUTSIDE_OPS, 1.0, outside))
             top = sorted(top, key=lambda o: -o.ms)[:TOP_OPS]
     return tuple(top)
 
 
-def device_busy_ms(averages: Sequence[Any]) -> float:
-    """The device's kernel time in the profiled step (ms): every kernel, launched by an op or not.
-
-    Device-side user annotations (``DistributedDataParallel.forward``, ``Optimizer.step#...``
-    on the GPU timeline) span kernels already counted: summing them too read 79.7 ms of "busy"
-    for a 55.5 ms ResNet-50 step on the H200 (28.5 ms of annotation; the kernels' own 53.8 ms
-    equal the union of their intervals), as torch's own table total leaves them out."""
-    return (
-        sum(
-            float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
-            for e in averages
-            if not str(getattr(e, "device_type", "CPU")).endswith("CPU")
-            and not getattr(e, "is_user_annotation", False)
-        )
-        / 1e3
+def _is_kernel(event: Any) -> bool:
+    # device-side user annotations (``DistributedDataParallel.forward``, ``Optimizer.step#...``
+    # on the GPU timeline) span kernels already counted: counting them read 79.7 ms of "busy"
+    # for a 55.5 ms ResNet-50 step on the H200 (28.5 ms of annotation; the kernels' own 53.8 ms
+    # equal the union of their intervals). torch's own table total leaves them out too
+    return not str(getattr(event, "device_type", "CPU")).endswith("CPU") and not getattr(
+        event, "is_user_annotation", False
     )
+
+
+def _device_us(event: Any) -> float:
+    return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))
+
+
+def _kernel_ms(events: Sequence[Any]) -> float:
+    """Every kernel's device time (ms), over all devices."""
+    return sum(_device_us(e) for e in events if _is_kernel(e)) / 1e3
+
+
+def device_busy_ms(events: Sequence[Any]) -> float:
+    """How long the busiest device ran kernels in the profiled step (ms), launched by an op or
+    not. Per device: a DataParallel process drives several GPUs, and their sum is no device's."""
+    per: dict[int, float] = {}
+    for e in events:
+        if _is_kernel(e):
+            index = int(getattr(e, "device_index", 0) or 0)
+            per[index] = per.get(index, 0.0) + _device_us(e)
+    return max(per.values(), default=0.0) / 1e3
 
 
 def _median_ms(anatomies: Sequence[Anatomy]) -> dict[str, float]:

@@ -185,6 +185,10 @@ def test_device_side_annotations_are_not_counted_as_kernels() -> None:
         ),
     ]
     assert device_busy_ms(averages) == pytest.approx(3.0)
+    # DataParallel: one process, two GPUs each busy 3 ms: the busiest device's 3 ms, not 6
+    two = [Event(key="k", count=1, self_device_time_total=3000.0, device_type="DeviceType.CUDA", device_index=i)
+           for i in (0, 1)]  # fmt: skip
+    assert device_busy_ms(two) == pytest.approx(3.0)
     assert [r.name for r in top_ops(averages, on_device=True)] == ["aten::mm"]  # no "outside" row
 
 
