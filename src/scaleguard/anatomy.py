@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaleguard.records import Fields
+from scaleguard.records import MAX_STEP_S, Fields
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the boundaries of one phased step
 CATEGORIES = (*PHASES, "exposed communication")
@@ -85,17 +85,16 @@ class Anatomy:
                 raise f.fail("ms", f"has an unknown category {key!r}; known: {', '.join(CATEGORIES)}")
             ms[key] = float(Fields.of({"v": value}, f"{where}.ms", fix).number("v") or 0.0)
 
-        def op_table(key: str) -> tuple[OpTime, ...]:
+        def op_table(key: str, optional: bool = False) -> tuple[OpTime, ...]:
             ops = []
-            items = f.items(key, optional=True) if key == "host_ops" else f.items(key)
-            for index, item in enumerate((items or [])[:TOP_OPS]):
+            for index, item in enumerate(f.items(key, optional)[:TOP_OPS]):
                 o = Fields.of(item, f"{where}.{key}[{index}]", fix)
                 ops.append(
                     OpTime(o.string("name"), float(o.number("calls") or 0.0), float(o.number("ms") or 0.0))
                 )
             return tuple(ops)
 
-        busy = f.number("device_busy_ms", optional=True)
+        busy = f.number("device_busy_ms", 0.0, MAX_STEP_S * 1e3, optional=True)
         top = op_table("top_ops")
         if f.string("op_clock") == "device" and busy is None:
             # written before device-side annotations were left out of the kernel sum: its
@@ -111,7 +110,7 @@ class Anatomy:
             trace=f.text("trace", optional=True),
             grad_bytes=int(f.integer("grad_bytes", optional=True) or 0),
             device_busy_ms=None if busy is None else float(busy),
-            host_ops=op_table("host_ops"),
+            host_ops=op_table("host_ops", optional=True),
         )
 
 
@@ -255,11 +254,8 @@ def _median_ms(anatomies: Sequence[Anatomy]) -> dict[str, float]:
 FULL_TABLE = 8
 
 
-def _median_ops(
-    anatomies: Sequence[Anatomy], table: str = "top_ops", names: set[str] | None = None
-) -> dict[str, float]:
+def _median_ops(anatomies: Sequence[Anatomy], table: str, names: set[str]) -> dict[str, float]:
     tables: list[tuple[OpTime, ...]] = [getattr(a, table) for a in anatomies]
-    wanted = names if names is not None else {o.name for t in tables for o in t}
 
     def missing(t: tuple[OpTime, ...]) -> float:
         # an op missing from a cut table took less than that table's last row: counting it
@@ -267,7 +263,7 @@ def _median_ops(
         return min(o.ms for o in t) if len(t) >= FULL_TABLE else 0.0
 
     per = [({o.name: o.ms for o in t}, missing(t)) for t in tables]
-    return {n: statistics.median(p.get(n, floor) for p, floor in per) for n in wanted}
+    return {n: statistics.median(p.get(n, floor) for p, floor in per) for n in names}
 
 
 # an op is named as a cause only when its change is at least this share of the step's change

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -374,11 +375,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bis.add_argument(
         "builds",
-        nargs="+",
-        help="interpreters (paths or commands on PATH), oldest good first; or --wheels DIR: the torch "
-        "wheels of DIR by version, each installed into a throwaway venv when probed; first, optionally, "
-        "--probe-timeout S: the deadline of one probe (default 7200 s)",
+        nargs="*",
+        help="interpreters (paths or commands on PATH), oldest good first; after them `--` and the "
+        "pytest arguments of each probe",
     )
+    bis.add_argument(
+        "--wheels", type=Path, metavar="DIR",
+        help="instead of interpreters: the torch wheels of DIR by version, each installed into a "
+        "throwaway venv when probed",
+    )  # fmt: skip
+    bis.add_argument(
+        "--probe-timeout", metavar="S",
+        help="the deadline of one probe in seconds (default 7200); past it the probe is stopped and FAILED",
+    )  # fmt: skip
     key = sub.add_parser("hardware-key", help="print this machine's baseline key (file name without .json)")
     key.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     key.add_argument(
@@ -387,39 +396,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_bisect(args: argparse.Namespace, pytest_args: list[str]) -> int:
+    from scaleguard import bisect
+
+    timeout_s = bisect.PROBE_TIMEOUT_S
+    if args.probe_timeout is not None:
+        try:
+            timeout_s = float(args.probe_timeout)
+        except ValueError:
+            timeout_s = math.nan
+        if not 0 < timeout_s < 1e7:  # NaN fails this too
+            print("scaleguard bisect: --probe-timeout takes seconds (a positive number)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if (args.wheels is None) == (not args.builds):  # both, or neither
+        print("scaleguard bisect: usage: scaleguard bisect [--probe-timeout S] PY_GOOD [PY ...] PY_BAD\n"
+              "                             -- perf/ -k CASE\n"
+              "               or: scaleguard bisect [--probe-timeout S] --wheels DIR -- perf/ -k CASE",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
+    chosen: list[str] | list[bisect.Build] = args.builds
+    if args.wheels is not None:
+        try:
+            chosen = bisect.wheel_builds(args.wheels)
+        except bisect.BisectInputError as exc:
+            print(f"scaleguard bisect: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    return bisect.main(chosen, pytest_args or ["perf/"], probe_timeout_s=timeout_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bisect":
-        from scaleguard import bisect
-
-        builds, _, pytest_args = argv[1:], None, []
-        if "--" in builds:
-            at = builds.index("--")
-            builds, pytest_args = builds[:at], builds[at + 1 :]
-        timeout_s = bisect.PROBE_TIMEOUT_S
-        if builds[:1] == ["--probe-timeout"]:
-            try:
-                timeout_s = float(builds[1])
-                if not 0 < timeout_s < 1e7:
-                    raise ValueError
-            except (IndexError, ValueError):
-                print("scaleguard bisect: --probe-timeout takes seconds (a positive number)", file=sys.stderr)
-                return EXIT_BAD_INPUT
-            builds = builds[2:]
-        chosen: list[str] | list[bisect.Build] = builds
-        if len(builds) == 2 and builds[0] == "--wheels":
-            try:
-                chosen = bisect.wheel_builds(Path(builds[1]))
-            except bisect.BisectInputError as exc:
-                print(f"scaleguard bisect: {exc}", file=sys.stderr)
-                return EXIT_BAD_INPUT
-        elif not builds or any(b.startswith("-") for b in builds):
-            print("scaleguard bisect: usage: scaleguard bisect [--probe-timeout S] PY_GOOD [PY ...] PY_BAD\n"
-                  "                             -- perf/ -k CASE\n"
-                  "               or: scaleguard bisect [--probe-timeout S] --wheels DIR -- perf/ -k CASE",
-                  file=sys.stderr)  # fmt: skip
-            return EXIT_BAD_INPUT
-        return bisect.main(chosen, pytest_args or ["perf/"], probe_timeout_s=timeout_s)
+        # what follows `--` is the probes' pytest command line, never ours to parse
+        at = argv.index("--") if "--" in argv else len(argv)
+        return cmd_bisect(build_parser().parse_args(argv[:at]), argv[at + 1 :])
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command != "ab":
         build_parser().parse_args(argv)  # the usual error for unknown arguments

@@ -207,3 +207,10 @@ def test_probe_timeout_must_be_a_positive_number(suite: pytest.Pytester) -> None
             cwd=suite.path, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert done.returncode == 2 and "--probe-timeout takes seconds" in done.stderr, (value, done.stderr)
+    # one parser: the options in any order, before or after the builds
+    done = subprocess.run(
+        [sys.executable, "-m", "scaleguard.cli", "bisect", "--wheels", str(suite.path), "--probe-timeout", "0",
+         "--", "-k", "x"],
+        cwd=suite.path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--probe-timeout takes seconds" in done.stderr, done.stderr

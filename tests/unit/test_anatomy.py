@@ -217,3 +217,12 @@ def test_an_op_that_only_moved_into_a_cut_table_is_not_new() -> None:
         step_change_ms=2.0,
     )
     assert text is not None and "top op: aten::sum +1.90 ms/step (new in the top ops)" in text
+
+
+def test_a_hostile_busy_time_is_refused_by_the_reader() -> None:
+    a = cuda_anatomy(20.0, 0.5, 25.0).to_dict()
+    for bad in (math.nan, 1e300, -1.0, "fast"):
+        with pytest.raises(FileFormatError, match="device_busy_ms"):
+            Anatomy.from_dict(a | {"device_busy_ms": bad}, "baseline x", "re-record")
+    with pytest.raises(FileFormatError, match="host_ops"):
+        Anatomy.from_dict(a | {"host_ops": "many"}, "baseline x", "re-record")
