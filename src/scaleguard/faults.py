@@ -6,7 +6,8 @@ the rank stops answering), ``exit0`` (exits cleanly without a result), ``nan`` (
 non-finite), ``oom`` (a real out-of-memory on CUDA, a simulated one on CPU), ``commdelay``
 (DDP all-reduce delayed by ``ms`` per bucket on world sizes > 1: a communication regression),
 and ``slow`` (a compute regression: each step made ``pct`` percent longer on CPU by busy work,
-or ``ms`` longer on CUDA by a device-side spin queued after the step; with ``at=backward``,
+``pct`` percent longer on CUDA by a device-side spin sized from the step's own device time, or
+``ms`` longer on CUDA by a device-side spin queued after the step; with ``at=backward``,
 ``ms`` of busy work or GPU spin inside the backward pass, on either device; with ``on=host``,
 busy work of the launching thread on CUDA too: a host-side slowdown, which a device-bound
 step hides behind its queue and a launch-bound one shows).
@@ -133,6 +134,8 @@ class FaultSpec:
                 return step()
 
             return slowed_host
+        if device.type == "cuda" and self.pct > 0:
+            return _proportional_spin(step, self.pct, device)
         if device.type == "cuda":
             # spin the GPU after the step's kernels: device time, no host sync. The spin is
             # sized from a one-off timing of it (cycles per ms at this clock)
@@ -186,6 +189,35 @@ def _choice(value: str, allowed: tuple[str, ...], key: str) -> str:
     if value not in allowed:
         raise ValueError(f"{FAULT_ENV}: {key}={value!r}; choose from {', '.join(allowed)}")
     return value
+
+
+def _proportional_spin(
+    step: Callable[[], torch.Tensor], pct: float, device: torch.device
+) -> Callable[[], torch.Tensor]:
+    """Each step ``pct`` percent longer on the device: a GPU spin after the step, sized from the
+    step's own stream time between two events (read once they have completed, so no sync is
+    added). A fixed ``ms`` would be a different share of every case; a 1.5 % slowdown must be
+    1.5 % of each case's step to test what a threshold resolves."""
+    per_ms = _spin_cycles_per_ms(device)
+    done: list[float] = []  # stream time of completed steps, ms
+    pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def slowed() -> torch.Tensor:
+        while pending and pending[0][1].query():
+            start, end = pending.pop(0)
+            done.append(start.elapsed_time(end))
+            del done[:-16]  # the recent steps: the first ones carry autotuning
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = step()
+        end.record()
+        pending.append((start, end))
+        if done:
+            step_ms = sorted(done)[len(done) // 2]
+            torch.cuda._sleep(int(step_ms * pct / 100 * per_ms))
+        return loss
+
+    return slowed
 
 
 def _spin_cycles_per_ms(device: torch.device) -> float:

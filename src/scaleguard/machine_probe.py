@@ -1,8 +1,9 @@
 """How fast is this machine, independently of torch: a short probe run at session start.
 
 Kernels in a child process with one BLAS/OpenMP thread, no torch: a fixed pure-Python loop
-pinned to one core (the interpreter's and the core's speed: what a host-launch-bound step
-pays), the same loop on every core at once (what a CPU case that uses them all gets: a CPU
+pinned to one core at a time on up to four cores, the best core kept (the interpreter's and the
+core's speed: what a host-launch-bound step pays; an unpinned rank runs on a good core, and one
+slow core of a VM must not read as a slow machine), the same loop on every core at once (what a CPU case that uses them all gets: a CPU
 quota shows here) and a numpy copy of 64 MiB arrays (memory bandwidth). Each is timed several
 times and the fastest kept (noise only ever adds time). The score is their geometric mean, relative to fixed
 reference figures, so two machines compare by one number. Stored with every run; the session
@@ -52,6 +53,7 @@ def best(fn, repeats=5):
     return min(times)
 
 N = 2_000_000
+SWEEP = 4  # cores tried one at a time for the one-core figure
 def loop():
     total = 0
     for i in range(N):
@@ -76,9 +78,18 @@ if __name__ == "__main__":
     src = np.ones(8 * 2**20)  # 64 MiB of float64
     dst = np.empty_like(src)
     np.copyto(dst, src)  # pages touched before timing
-    loop()  # untimed: a cold core (frequency ramp, first-touch) read 25 % slow on the first probe
-    loop_s = best(loop)
     copy_s = best(lambda: np.copyto(dst, src))
+    # the one-core loop on several cores, one at a time: an unpinned rank runs on whichever core
+    # the kernel gives it, and one core of a VM can lose its boost (on one H200 host the last
+    # core read 34 % slow while the host-bound case moved 3 %): the best core is the figure
+    n = min(SWEEP, len(cores))
+    picks = sorted({cores[round(i * (len(cores) - 1) / max(1, n - 1))] for i in range(n)})
+    per_core = {}
+    for core in picks:
+        pin(core)
+        loop()  # untimed: a cold core (frequency ramp, first-touch) read 25 % slow on the first probe
+        per_core[core] = N / best(loop, 3)
+    pin(cores[-1])
     # every core at once: what a CPU case that uses them all gets (a CPU quota on the session's
     # cgroup halves this, and not the one-core figure, when it leaves one core's worth free)
     ctx = multiprocessing.get_context("fork")
@@ -89,8 +100,9 @@ if __name__ == "__main__":
     parallel = sum(out.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=10)
-    print(json.dumps({"python_ops_per_s": N / loop_s, "copy_gb_per_s": 2 * src.nbytes / copy_s / 1e9,
-                      "parallel_ops_per_s": parallel, "cores": len(cores)}))
+    print(json.dumps({"python_ops_per_s": max(per_core.values()), "copy_gb_per_s": 2 * src.nbytes / copy_s / 1e9,
+                      "parallel_ops_per_s": parallel, "cores": len(cores),
+                      "core_ops_per_s": [[c, v] for c, v in sorted(per_core.items())]}))
 """
 
 
@@ -101,6 +113,8 @@ class MachineSpeed:
     schema: int = SCHEMA
     parallel_ops_per_s: float = 0.0  # every core of this process's affinity at once (0: not measured)
     cores: int = 0
+    # (core, ops/s) of the one-core loop on each core tried; python_ops_per_s is the best of them
+    core_ops_per_s: tuple[tuple[int, float], ...] = ()
 
     @property
     def score(self) -> float:
@@ -140,11 +154,16 @@ def run_probe(timeout_s: float = 30.0, rounds: int = 2) -> MachineSpeed | None:
         speeds.append(speed)
     if not speeds:
         return None
+    best_core: dict[int, float] = {}
+    for s in speeds:
+        for core, value in s.core_ops_per_s:
+            best_core[core] = max(value, best_core.get(core, 0.0))
     return MachineSpeed(
         max(s.python_ops_per_s for s in speeds),
         max(s.copy_gb_per_s for s in speeds),
         parallel_ops_per_s=max(s.parallel_ops_per_s for s in speeds),
         cores=speeds[0].cores,
+        core_ops_per_s=tuple(sorted(best_core.items())),
     )
 
 
@@ -160,8 +179,9 @@ def _probe_once(timeout_s: float) -> MachineSpeed | None:
             float(data["copy_gb_per_s"]),
             parallel_ops_per_s=float(data.get("parallel_ops_per_s", 0.0)),
             cores=int(data.get("cores", 0)),
+            core_ops_per_s=tuple((int(c), float(v)) for c, v in data.get("core_ops_per_s", [])),
         )
-    except (subprocess.SubprocessError, OSError, ValueError, IndexError, KeyError):
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError, KeyError, TypeError):
         return None
     if not (math.isfinite(speed.score) and speed.score > 0):
         return None
