@@ -11,12 +11,16 @@ disturbed side is dropped on both sides, and reported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
 import shutil
+import signal
 import subprocess
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +34,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.compare import Thresholds
 from scaleguard.launcher import CaseFailedError, Interpreter
 from scaleguard.ledger import Ledger
-from scaleguard.records import RunResult
+from scaleguard.records import ID_PATTERN, RunResult
 
 MAX_DROPPED = 2  # failed pairs before the case itself fails
 _PROBE = """
@@ -69,38 +73,119 @@ class Side:
     versions: dict[str, Any]  # from the probe; the ranks report CUDA/cuDNN/NCCL as they see them
 
 
+PROBE_TIMEOUT_S = 180.0
+PROBE_OUTPUT_BYTES = 1 << 20  # the probe prints one short JSON line; past this it is not ours
+_PROBE_KEYS = {"torch": str, "cuda": str, "python": str, "git": str, "import_rss_bytes": int}
+
+
 def probe(label: str, python: str, env: Sequence[tuple[str, str]] = ()) -> Side:
     """Check an interpreter before anything is spawned with it.
 
     Raises:
-        ABInputError: missing, not runnable, or without torch or scaleguard.
+        ABInputError: missing, not runnable, without torch or scaleguard, or printing something
+            other than the probe's one JSON object (read bounded in time and size).
     """
     resolved = resolve_interpreter(label, python)
     # probed with the side's own environment: a PYTHONPATH or LD_PRELOAD given for B changes
     # what B's ranks import, so the versions in the header must come from that environment
     environ = {**os.environ, **dict(env)}
-    try:
-        done = subprocess.run(
-            [resolved, "-c", _PROBE], capture_output=True, text=True, timeout=180, env=environ
+    code, out, err = run_bounded(
+        [resolved, "-c", _PROBE], environ, PROBE_TIMEOUT_S, PROBE_OUTPUT_BYTES, label
+    )
+    info = _probe_answer(out)
+    if info is None:
+        tail = err[-300:].decode("utf-8", "replace").strip() or "(nothing on stderr)"
+        raise ABInputError(
+            f"side {label}: {python} did not answer the probe as a Python with torch and scaleguard "
+            f"would (exit {code}; stdout was not the probe's JSON object): {tail}"
         )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ABInputError(f"side {label}: {resolved} cannot be run: {exc}") from None
-    try:
-        info = json.loads(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    if info.get("missing") in ("torch", "scaleguard"):
+        error = str(info.get("error", ""))[:300]
+        if info["missing"] == "torch":
+            raise ABInputError(
+                f"side {label}: {python} has no torch ({error}); install it in that environment"
+            )
         raise ABInputError(
-            f"side {label}: {python} is not a working Python (exit {done.returncode}): {done.stderr[-300:]}"
-        ) from None
-    if info.get("missing") == "torch":
-        raise ABInputError(
-            f"side {label}: {python} has no torch ({info['error']}); install it in that environment"
-        )
-    if info.get("missing") == "scaleguard":
-        raise ABInputError(
-            f"side {label}: {python} has no scaleguard ({info['error']}); run "
+            f"side {label}: {python} has no scaleguard ({error}); run "
             f"`{python} -m pip install -e <this checkout>` there"
         )
-    return Side(label, Interpreter(resolved, tuple(env)), info)
+    versions: dict[str, Any] = {}
+    for key, kind in _PROBE_KEYS.items():
+        value = info.get(key)
+        if value is None:
+            continue
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or (isinstance(value, str) and len(value) > 200)
+        ):
+            raise ABInputError(
+                f"side {label}: {python} answered the probe with a bad {key!r}: {str(value)[:80]!r}"
+            )
+        versions[key] = value
+    if not isinstance(versions.get("torch"), str) or not ID_PATTERN.fullmatch(versions["torch"]):
+        raise ABInputError(f"side {label}: {python} answered the probe without a torch version")
+    return Side(label, Interpreter(resolved, tuple(env)), versions)
+
+
+def _probe_answer(out: bytes) -> dict[str, Any] | None:
+    """The probe's JSON object (its last line), or None for anything else."""
+    try:
+        lines = out.decode("utf-8").strip().splitlines()
+        info = json.loads(lines[-1]) if lines else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def run_bounded(
+    command: Sequence[str], env: dict[str, str], timeout_s: float, limit: int, label: str
+) -> tuple[int, bytes, bytes]:
+    """Run ``command``; (exit code, stdout, the end of stderr). An interpreter that prints more than
+    ``limit`` bytes or runs past ``timeout_s`` is stopped and refused: nothing it prints is
+    buffered whole."""
+    import selectors
+
+    try:
+        child = subprocess.Popen(
+            list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+        )
+    except OSError as exc:
+        raise ABInputError(f"side {label}: {command[0]} cannot be run: {exc}") from None
+    assert child.stdout is not None and child.stderr is not None
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout_s
+    problem = None
+    with selectors.DefaultSelector() as sel:
+        sel.register(child.stdout, selectors.EVENT_READ, out)
+        sel.register(child.stderr, selectors.EVENT_READ, err)
+        while sel.get_map() and problem is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                problem = f"did not answer the probe within {timeout_s:g} s"
+                break
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if len(out) > limit:
+                    problem = f"printed more than {limit} bytes when probed"
+                del err[:-4096]  # only the end of stderr is ever shown
+    if problem is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    try:
+        code = child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        code = child.wait()
+    child.stdout.close()
+    child.stderr.close()
+    if problem is not None:
+        raise ABInputError(f"side {label}: {command[0]} {problem}")
+    return code, bytes(out), bytes(err)
 
 
 def parse_env(items: Sequence[str], option: str) -> list[tuple[str, str]]:
@@ -287,7 +372,10 @@ class ABSession:
     _count: int = 0
 
     def __post_init__(self) -> None:
-        self.ledgers = {"A": Ledger("ab-A"), "B": Ledger("ab-B")}
+        # one id per A/B session and side: fixed ids made every later session's run ids repeat
+        # the first's, and the history kept none of them
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.ledgers = {"A": Ledger(f"ab-{stamp}-A"), "B": Ledger(f"ab-{stamp}-B")}
         self._rng = random.Random(self.schedule.seed)
 
     def _order_block(self) -> list[str]:

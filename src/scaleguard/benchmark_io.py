@@ -16,7 +16,7 @@ from typing import Any
 from scaleguard.compare import Verdict
 from scaleguard.env import HostFingerprint
 from scaleguard.evidence import CaseEvidence, RunRecord, config_of
-from scaleguard.records import Fields, FileFormatError, RunResult, read_document
+from scaleguard.records import Fields, FileFormatError, RunResult, content_id, read_document
 from scaleguard.stats import StepSummary
 
 MODE_LABEL = "scaleguard: steps timed inside worker processes"
@@ -162,9 +162,12 @@ def read_saved_run(path: Path, data: dict[str, Any]) -> tuple[str | None, dict[s
                 raise FileFormatError(f"{where}: field 'runs' is empty; {fix}")
         else:  # schema 1: the case's steps as one run
             steps = info.samples("step_s")
+            # ids from the content: two hosts' 0001_nightly.json share the name, never the samples
+            night = content_id(path.stem, top.data.get("datetime"), machine.data.get("node"), commit)
             runs = (
                 RunRecord(
-                    run_id=f"{path.stem}-{index}", session=path.stem,
+                    run_id=f"{path.stem}-{content_id(night, info_raw.get('case_id'), steps)}",
+                    session=f"{path.stem}-{night}",
                     summary=StepSummary.of(steps), step_s=steps,
                     samples_per_s=float(info.number("samples_per_s", 1e-12) or 0.0),
                     peak_mem_bytes=_peak_bytes(info),

@@ -42,7 +42,7 @@ INTERRUPT_GRACE_S = 60.0  # after the SIGINT, for pytest to reap its ranks and w
 @dataclass(frozen=True)
 class Probe:
     index: int
-    status: str  # REGRESSED / IMPROVED / SAME / INCONCLUSIVE / FAILED
+    status: str  # REGRESSED / IMPROVED / SAME / INCONCLUSIVE / FAILED / USAGE (pytest exit 4)
     stories: tuple[str, ...]
 
 
@@ -101,6 +101,9 @@ def probe_build(
         )
     done = subprocess.CompletedProcess(command, child.returncode, "".join(lines), "")
     saved = sorted(storage.glob(f"*/*_probe{index}.json"))
+    if done.returncode == 4:  # pytest's usage error: the probes' arguments, not the build
+        tail = done.stdout.strip().splitlines()[-3:]
+        return Probe(index, "USAGE", ("pytest refused the probe's arguments: " + " | ".join(tail),))
     if done.returncode not in (0, 1) or not saved:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         return Probe(index, "FAILED", (f"pytest exited {done.returncode}: " + " | ".join(tail),))
@@ -268,17 +271,52 @@ def main(
     if len(chosen) < 2:
         say("scaleguard bisect: give at least the good and the bad interpreter, oldest first")
         return 2
-    with tempfile.TemporaryDirectory(prefix="scaleguard-bisect-") as tmp:
-        work = Path(tmp)
-        interpreters = Interpreters(chosen, work, say)
-        try:
-            if all(b.wheel is None for b in chosen):
-                for i in range(len(chosen)):  # interpreters cost nothing: every one checked now
-                    interpreters.side(i)
-            return _search(chosen, interpreters, pytest_args, work, say, probe_timeout_s)
-        except BisectInputError as exc:
-            say(f"scaleguard bisect: {exc}")
-            return 2
+    # SIGTERM (a CI job cancelled, `kill`) ends bisect as Ctrl-C does: the probe in flight is
+    # interrupted and reaped, the temporary directory removed
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with tempfile.TemporaryDirectory(prefix="scaleguard-bisect-") as tmp:
+            work = Path(tmp)
+            interpreters = Interpreters(chosen, work, say)
+            try:
+                if all(b.wheel is None for b in chosen):
+                    for i in range(len(chosen)):  # interpreters cost nothing: every one checked now
+                        interpreters.side(i)
+                    _check_distinct(chosen, interpreters)
+                return _search(chosen, interpreters, pytest_args, work, say, probe_timeout_s)
+            except BisectInputError as exc:
+                say(f"scaleguard bisect: {exc}")
+                return 2
+    except Terminated:
+        say("scaleguard bisect: terminated (SIGTERM); the probe in flight was stopped, nothing left behind")
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where bisect is so that every ``finally`` runs (probe reaped, temp removed)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _check_distinct(builds: list[Build], interpreters: Interpreters) -> None:
+    """The same interpreter twice would probe a build against itself: a search with no answer."""
+    seen: dict[str, int] = {}
+    for index in range(len(builds)):
+        python = interpreters.side(index).interpreter.python
+        if python in seen:
+            raise BisectInputError(
+                f"builds {seen[python]} and {index} are the same interpreter ({python}): "
+                "give each build once, "
+                "good first and bad last"
+            )
+        seen[python] = index
 
 
 def _search(
@@ -303,12 +341,17 @@ def _search(
         return result
 
     last = measure(hi)
+    if last.status == "USAGE":
+        say("scaleguard bisect: the probes' pytest arguments (after --) are wrong; fix them and run again")
+        return 2
     if last.status != "REGRESSED":
         say(f"not found: the bad end ({builds[hi].given}) reads {last.status} against the good end")
         return 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
         result = measure(mid)
+        if result.status == "USAGE":
+            return 2
         if result.status == "REGRESSED":
             hi = mid
         elif result.status == "SAME":

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -19,7 +20,7 @@ from rich.console import Console
 from scaleguard import baseline, benchmark_io, report
 from scaleguard.baseline import BaselineError
 from scaleguard.compare import Status, Thresholds, Verdict, decide
-from scaleguard.config import ConfigError, PerfConfig
+from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence import CaseEvidence
 from scaleguard.history import HistoryError
 from scaleguard.records import FileFormatError
@@ -90,24 +91,30 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] = ()) -> None:
     """Before any work: an output path that cannot be written is a usage error, not a
     traceback after the comparison."""
-    if path is None:
+    try:
+        check_output_path(path, option, suffixes)
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def check_not_input(output: Path | None, option: str, inputs: list[Path]) -> None:
+    """A report written over one of the command's own inputs would lose it."""
+    if output is None or not output.exists():
         return
-    if suffixes and path.suffix.lower() not in suffixes:
-        raise UsageProblem(f"{option} {path}: the file name must end in {', '.join(suffixes)}")
-    if path.is_dir():
-        raise UsageProblem(f"{option} {path} is a directory; give a file name")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageProblem(f"{option} {path} is not writable")
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageProblem(f"{option} {path}: cannot create files in {parent}")
+    for given in inputs:
+        with contextlib.suppress(OSError):
+            if given.exists() and os.path.samefile(output, given):
+                raise UsageProblem(
+                    f"{option} {output} is the input {given}: the report would overwrite it; "
+                    "give another name"
+                )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     check_output(args.markdown, "--markdown")
     check_output(args.plot, "--plot", PLOT_SUFFIXES)
+    for output, option in ((args.markdown, "--markdown"), (args.plot, "--plot")):
+        check_not_input(output, option, [args.old, args.new])
     old_label, old_key, old = load_cases(args.old, args.old_torch)
     new_label, new_key, new = load_cases(args.new, args.new_torch)
     if (old_key is None or new_key is None or old_key != new_key) and not args.allow_cross_hardware:
@@ -125,11 +132,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows = judge_all(old, new, thresholds_from(args, "cpu" if devices == {"cpu"} else "cuda"), old_label)
     console = Console(width=180, markup=False)
     if old_key != new_key:
-        console.print(f"warning: comparing across hardware ({old_key} -> {new_key})", markup=False)
+        console.print(
+            report.inert(f"warning: comparing across hardware ({old_key} -> {new_key})"), markup=False
+        )
     console.print(report.compare_table(rows, old_label, new_label))
     for _, verdict in rows:
         if verdict.status is not Status.OK:
-            console.print(verdict.story, markup=False, highlight=False)
+            console.print(report.inert(verdict.story), markup=False, highlight=False)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(report.compare_markdown(rows, old_label, new_label), encoding="utf-8")
@@ -147,6 +156,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.hardware_key is not None:
         baseline.check_key(args.hardware_key, "--hardware-key")
     results = [torchrun_entry.read_finished_record(path) for path in args.files]
+    db = None
+    if args.history is not None:
+        from scaleguard.history import History
+
+        db = History(args.history)  # opened (and checked) before anything is judged or written
     results.sort(key=lambda r: (r.spec.group_id, r.spec.world_size))
     first = results[0]
     hardware_key = args.hardware_key or baseline.hardware_key(
@@ -187,23 +201,40 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         console.print(table)
     for verdict in ledger.verdicts.values():
         if verdict.status is not Status.OK:
-            console.print(verdict.story, markup=False, highlight=False)
-    if args.history is not None:
-        from scaleguard.history import History
-
-        with History(args.history) as db:
+            console.print(report.inert(verdict.story), markup=False, highlight=False)
+    code = EXIT_REGRESSED if any(v.failed for v in ledger.verdicts.values()) else 0
+    if args.update_baselines:
+        lines = report.baseline_update_lines(ledger, interrupted=False)
+        for line in lines:
+            console.print(report.inert(line), markup=False, highlight=False)
+        if any(line.startswith("scaleguard: baselines not updated") for line in lines):
+            code = EXIT_BAD_INPUT
+    if db is not None:
+        # after the baseline: a history that fails now costs the history, never the baseline
+        with db:
             verdicts = {cid: v.status.value for cid, v in ledger.verdicts.items()}
             added = db.append(
                 [ledger.evidence(c) for c in ledger.completed], hardware_key, "ingest", verdicts
             )
-        console.print(f"scaleguard: history {args.history}: {added} runs appended", markup=False)
-    if args.update_baselines:
-        lines = report.baseline_update_lines(ledger, interrupted=False)
-        for line in lines:
-            console.print(line, markup=False, highlight=False)
-        if any(line.startswith("scaleguard: baselines not updated") for line in lines):
-            return EXIT_BAD_INPUT
-    return EXIT_REGRESSED if any(v.failed for v in ledger.verdicts.values()) else 0
+        console.print(
+            report.inert(f"scaleguard: history {args.history}: {added} runs appended"), markup=False
+        )
+    return code
+
+
+def load_all_cases(path: Path) -> tuple[str | None, list[CaseEvidence]]:
+    """(hardware key, every entry) of a saved run or a baseline file: for a baseline every torch
+    version's entry, since the runs before an upgrade are what a change point needs."""
+    try:
+        data = benchmark_io.read_document_any(path)
+        if benchmark_io.is_saved_run(data):
+            key, cases = benchmark_io.read_saved_run(path, data)
+            return key, list(cases.values())
+        loaded = baseline.load(path)
+        assert loaded is not None  # read_document_any raised for a missing file
+        return loaded.hardware_key, [e for by_torch in loaded.cases.values() for e in by_torch.values()]
+    except (FileFormatError, BaselineError) as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -212,28 +243,30 @@ def cmd_history(args: argparse.Namespace) -> int:
     from scaleguard import history
 
     path = args.history
+    if args.last < 1:
+        raise UsageProblem(f"--last takes a positive number of nights, got {args.last}")
     if args.args and args.args[0] == "import":
         files = [Path(f) for f in args.args[1:]]
         if not files:
             raise UsageProblem("history import takes saved runs (--benchmark-save) or baseline files")
-        loaded = [load_cases(f) for f in files]  # every file read and validated before any write
-        added = 0
+        batches = []
+        for f in files:  # every file read and validated before any write
+            key, cases = load_all_cases(f)
+            if key is None:
+                raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
+            batches.append((cases, key, "import", None, None))
         with history.History(path) as db:
-            for f, (_, key, cases) in zip(files, loaded, strict=True):
-                if key is None:
-                    raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
-                added += db.append(cases.values(), key, "import")
+            added = db.append_many(batches)  # one transaction: all files land, or none
         print(f"scaleguard history: {added} new runs from {len(files)} files into {path}")
         return 0
     if args.args:
         raise UsageProblem(
-            f"history: unknown argument {args.args[0]!r} (did you mean `history import FILES`?)"
+            f"history: unknown argument {report.inert(args.args[0])!r} (did you mean `history import FILES`?)"
         )
-    if not path.exists():
-        raise UsageProblem(f"history {path} does not exist yet: a session appends to it, or `history import`")
     if args.html is not None:
         check_output(args.html, "--html", (".html", ".htm"))
-    with history.History(path) as db:
+        check_not_input(args.html, "--html", [path])
+    with history.History(path, readonly=True) as db:
         rows = db.rows(args.hardware_key, args.case)
     if args.html is not None:
         from scaleguard import history_page
@@ -246,14 +279,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not groups:
         print(f"scaleguard history {path}: no runs match")
         return 0
+    out = report.inert
     for (key, case_id), case_rows in sorted(groups.items()):
         nights = history.nightly(case_rows)
-        print(f"{case_id}  ({key}, {len(nights)} nights, {len(case_rows)} runs)")
+        print(f"{out(case_id)}  ({out(key)}, {len(nights)} nights, {len(case_rows)} runs)")
         for night in nights[-args.last :]:
             verdicts = sorted({r.verdict for r in case_rows if r.session == night.session and r.verdict})
             build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
-            print(f"  {night.recorded_at[:19]}  {night.value * 1e3:9.2f} ms  {night.runs} runs  {build}"
-                  f"  {'/'.join(verdicts) or '-'}  [{night.session}]")  # fmt: skip
+            print(out(f"  {night.recorded_at[:19]}  {night.value * 1e3:9.2f} ms  {night.runs} runs  {build}"
+                      f"  {'/'.join(verdicts) or '-'}  [{night.session}]"))  # fmt: skip
         for point in history.case_change_points(nights):
             before, after = point.before, point.after
             assert before is not None and after is not None
@@ -264,11 +298,11 @@ def cmd_history(args: argparse.Namespace) -> int:
             )
             if before.torch_git and after.torch_git and before.torch_git != after.torch_git:
                 builds += f" (git {before.torch_git[:10]} -> {after.torch_git[:10]})"
-            print(
+            print(out(
                 f"  change point at {after.recorded_at[:19]} [{after.session}]: {point.change:+.1%} "
                 f"(p={point.p_value:.1g}); last night before: {before.recorded_at[:19]} "
                 f"[{before.session}]; {builds}"
-            )
+            ))  # fmt: skip
     return 0
 
 

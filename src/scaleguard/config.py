@@ -10,6 +10,7 @@ wiring, which takes this object as it is.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +184,13 @@ class PerfConfig:
                 "--perf-ab-b compares two installs in pairs; record baselines in a plain session"
             )
         envs = {side: _env(lines(f"ab-env-{side}"), f"--perf-ab-env-{side}") for side in ("a", "b")}
+        # outputs written at the end of a session are checked now: an unusable path found after
+        # an hour of measuring would lose the hour
+        for name, suffixes in (("ab-markdown", ()), ("ab-plot", (".png", ".svg", ".pdf"))):
+            check_output_path(path(name), f"--perf-{name}", suffixes)
+        check_output_path(path("ab-save"), "--perf-ab-save", directory=True)
+        if not flag("no-history"):
+            check_output_path(path("history"), "--perf-history")
         return cls(
             matrix=matrix,
             thresholds=ThresholdSettings.parse(
@@ -214,6 +222,39 @@ class PerfConfig:
             ab_plot=path("ab-plot"),
             ab_save=path("ab-save"),
         )
+
+
+def check_output_path(
+    path: Path | None, option: str, suffixes: tuple[str, ...] = (), directory: bool = False
+) -> None:
+    """An output the session or a command will write: refused now, by name, when it cannot be
+    (a directory where a file goes, a file where a directory goes, a link, no write access).
+
+    Raises:
+        ConfigError: the sentence names the option, the path and the fix.
+    """
+    if path is None:
+        return
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ConfigError(f"{option} {path}: the file name must end in {', '.join(suffixes)}")
+    if path.is_symlink():
+        raise ConfigError(f"{option} {path} is a symbolic link; give the real path")
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{option} {path} is a file; give a directory")
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{option} {path}: the directory is not writable")
+    else:
+        if path.is_dir():
+            raise ConfigError(f"{option} {path} is a directory; give a file name")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ConfigError(f"{option} {path} is not writable")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        if not path.exists():
+            raise ConfigError(f"{option} {path}: cannot create it in {parent}")
 
 
 def _env(items: Sequence[str], option: str) -> tuple[tuple[str, str], ...]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from scaleguard.anatomy import Anatomy
-from scaleguard.records import Fields, RunResult
+from scaleguard.records import Fields, RunResult, content_id
 from scaleguard.stats import StepSummary, median_ci_halfwidth
 
 
@@ -272,7 +272,9 @@ class CaseEvidence:
         f = Fields.of(data, where, fix)
         step_s = f.samples("step_s")
         run = RunRecord(
-            run_id=f"schema1-{f.text('recorded_at', optional=True) or 'unknown'}",
+            # the case and the samples in the id: entries without recorded_at must not collide
+            run_id="schema1-"
+            + content_id(f.data.get("case_id"), f.text("recorded_at", optional=True), step_s),
             session=f"schema1-{f.text('recorded_at', optional=True) or 'unknown'}",
             summary=StepSummary.of(step_s),
             step_s=step_s,

@@ -21,8 +21,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sqlite3
+import stat
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from scaleguard.evidence import CaseEvidence
+from scaleguard.records import ID_PATTERN as CASE_ID
+from scaleguard.records import MAX_STEP_S
 
 SCHEMA = 1  # PRAGMA user_version; migrations below take older files forward
 LOCK_TIMEOUT_S = 60.0
@@ -82,33 +87,119 @@ class HistoryRow:
     verdict: str | None
 
 
-class History:
-    """The history database at ``path`` (created on first use)."""
+_COLUMNS = (
+    "run_id", "case_id", "group_id", "world_size", "hardware_key", "torch", "torch_git", "cuda", "cudnn",
+    "nccl", "suite_commit", "session", "recorded_at", "source", "median_s", "samples_per_s",
+    "efficiency", "peak_mem_bytes", "quarantine", "verdict", "record",
+)  # fmt: skip
+# a history is the runner's disk index; past this the terminal and the page would need gigabytes
+# (10^6 rows took 1.58 GB as row objects): narrow with --case / --hardware-key instead
+MAX_ROWS = 200_000
+_REBUILD = "move it aside (it is rebuilt with `scaleguard history import` from the saved runs)"
 
-    def __init__(self, path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> None:
+
+def _check_path(path: Path) -> None:
+    """A path a history may be opened at: a regular file or nothing, never followed through a
+    link (an import would write wherever the link points)."""
+    if path.is_symlink():
+        raise HistoryError(f"history {path}: is a symbolic link; give the file's own path")
+    if os.path.lexists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        # a FIFO would block SQLite's first read forever, a device would feed it garbage
+        raise HistoryError(f"history {path}: not a regular file (a FIFO, device or directory)")
+
+
+class History:
+    """The history database at ``path``: created on first write; ``readonly`` opens an existing
+    file for viewing without any write (a read-only file or directory is fine then)."""
+
+    def __init__(self, path: Path, timeout_s: float = LOCK_TIMEOUT_S, readonly: bool = False) -> None:
         self.path = path
         self.timeout_s = timeout_s
-        import os
-        import stat
-
-        # a FIFO would block SQLite's first read forever, a device would feed it garbage
-        if os.path.lexists(path) and not stat.S_ISREG(os.stat(path).st_mode if path.exists() else 0):
-            raise HistoryError(
-                f"history {path}: not a regular file (a FIFO, device, directory or dangling link)"
-            )
+        self.readonly = readonly
+        _check_path(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._migrate()
+            if readonly:
+                self._db = self._open_readonly(path)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+                self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+                self._wal()
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._migrate()
+            self._check_schema()
+        except sqlite3.OperationalError as exc:
+            if "readonly" in str(exc) or "read-only" in str(exc) or not os.access(path, os.W_OK):
+                raise HistoryError(
+                    f"history {path}: is read-only ({exc}); nothing was written (view it with "
+                    "`scaleguard history`, or give a writable --history)"
+                ) from None
+            raise HistoryError(f"history {path}: cannot be used ({exc}); {_REBUILD}") from None
         except sqlite3.DatabaseError as exc:
             raise HistoryError(
-                f"history {path}: not a usable scaleguard history ({exc}); move it aside (it is "
-                "rebuilt with `scaleguard history import` from the saved runs)"
+                f"history {path}: not a usable scaleguard history ({exc}); {_REBUILD}"
             ) from None
         except OSError as exc:
             raise HistoryError(f"history {path}: cannot be opened ({exc.strerror or exc})") from None
+
+    @staticmethod
+    def _open_readonly(path: Path) -> sqlite3.Connection:
+        if not path.exists():
+            raise HistoryError(
+                f"history {path} does not exist yet: a session appends to it, or `history import`"
+            )
+        uri = "file:" + urllib.parse.quote(str(path.absolute()))
+        db = sqlite3.connect(uri + "?mode=ro", uri=True, isolation_level=None)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError:
+            # a WAL file in a directory we cannot write: no shared-memory file can be made for
+            # it; read it as an immutable snapshot instead (nobody writes there without access)
+            db.close()
+            return sqlite3.connect(uri + "?immutable=1", uri=True, isolation_level=None)
+
+    def _wal(self) -> None:
+        """WAL mode, waited for: two sessions creating one history at once both ask for it, and
+        SQLite answers the loser "locked" at once rather than through the busy handler."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _check_schema(self) -> None:
+        """A file with our version number but another layout is not ours: refuse it by name
+        before a query or an insert fails inside SQLite."""
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version < 0 or version > SCHEMA:
+            raise HistoryError(
+                f"history {self.path}: schema {version}"
+                + (f", newer than this scaleguard's {SCHEMA}: upgrade scaleguard" if version > SCHEMA
+                   else f": not a usable scaleguard history; {_REBUILD}")
+            )  # fmt: skip
+        if version == 0 and self.readonly:
+            raise HistoryError(f"history {self.path}: empty, or not a usable scaleguard history; {_REBUILD}")
+        columns = tuple(r[1] for r in self._db.execute("PRAGMA table_info(runs)").fetchall())
+        if columns != _COLUMNS:
+            raise HistoryError(
+                f"history {self.path}: its runs table "
+                + (f"has columns {', '.join(columns)[:200]}" if columns else "is missing")
+                + f": not a usable scaleguard history; {_REBUILD}"
+            )
+        extra = self._db.execute(
+            "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')"
+        ).fetchall()
+        if extra:
+            raise HistoryError(
+                f"history {self.path}: holds a {extra[0][0]} ({str(extra[0][1])[:60]!r}), "
+                "which scaleguard never "
+                f"makes: not a usable scaleguard history; {_REBUILD}"
+            )
 
     def close(self) -> None:
         self._db.close()
@@ -122,6 +213,8 @@ class History:
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One writer at a time: SQLite's write lock, waited for up to ``timeout_s``."""
+        if self.readonly:
+            raise HistoryError(f"history {self.path}: opened read-only; nothing was written")
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
@@ -130,24 +223,35 @@ class History:
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise HistoryError(
-                        f"history {self.path}: another writer held it for {self.timeout_s:.0f} s; "
-                        "nothing was written"
+                        f"history {self.path}: "
+                        + (
+                            f"another writer held it for {self.timeout_s:.0f} s"
+                            if "locked" in str(exc)
+                            else f"cannot be written ({exc})"
+                        )
+                        + "; nothing was written"
                     ) from None
                 time.sleep(0.05)
         try:
             yield self._db
             self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            raise HistoryError(
+                f"history {self.path}: the write failed ({exc}); nothing was written"
+            ) from None
         except BaseException:
-            self._db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
             raise
 
     def _migrate(self) -> None:
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA:
-            raise HistoryError(
-                f"history {self.path}: schema {version}, newer than this scaleguard's {SCHEMA}: "
-                "upgrade scaleguard"
-            )
+        if version < 0 or version > SCHEMA:
+            return  # refused by name in _check_schema
+        if version == SCHEMA:
+            return  # nothing to do: no write lock taken (a reader never waits behind a writer)
         with self._write() as db:
             for step in range(version + 1, SCHEMA + 1):
                 # statement by statement: executescript would commit the open transaction
@@ -165,55 +269,110 @@ class History:
         suite_commit: str | None = None,
     ) -> int:
         """Every run of ``cases`` (quarantined ones flagged); returns how many were new."""
+        return self.append_many([(cases, hardware_key, source, verdicts, suite_commit)])
+
+    def append_many(
+        self,
+        batches: Sequence[tuple[Iterable[CaseEvidence], str, str, dict[str, str] | None, str | None]],
+    ) -> int:
+        """Several appends in one transaction: all of them land, or none (an import that fails on
+        its last file has written nothing)."""
         rows = []
-        for evidence in cases:
-            for run in evidence.runs:
-                rows.append(
-                    (
-                        run.run_id, evidence.case_id, evidence.group_id, evidence.world_size, hardware_key,
-                        _text(evidence.versions.get("torch")), _text(evidence.versions.get("torch_git")),
-                        _text(evidence.versions.get("cuda")), _text(evidence.versions.get("cudnn")),
-                        _text(evidence.versions.get("nccl")), run.commit or suite_commit, run.session,
-                        run.recorded_at or "", source, run.median_s, run.samples_per_s,
-                        run.scaling_efficiency, run.peak_mem_bytes, run.quarantine,
-                        (verdicts or {}).get(evidence.case_id),
-                        json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
-                                    "run": run.to_dict()}, allow_nan=False),
-                    )
-                )  # fmt: skip
+        for cases, hardware_key, source, verdicts, suite_commit in batches:
+            for evidence in cases:
+                for run in evidence.runs:
+                    rows.append(
+                        (
+                            run.run_id, evidence.case_id, evidence.group_id, evidence.world_size,
+                            hardware_key,
+                            _text(evidence.versions.get("torch")), _text(evidence.versions.get("torch_git")),
+                            _text(evidence.versions.get("cuda")), _text(evidence.versions.get("cudnn")),
+                            _text(evidence.versions.get("nccl")), run.commit or suite_commit, run.session,
+                            run.recorded_at or "", source, run.median_s, run.samples_per_s,
+                            run.scaling_efficiency, run.peak_mem_bytes, run.quarantine,
+                            (verdicts or {}).get(evidence.case_id),
+                            json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
+                                        "run": run.to_dict()}, allow_nan=False),
+                        )
+                    )  # fmt: skip
         with self._write() as db:
             before = db.total_changes
-            db.executemany(
-                "INSERT OR IGNORE INTO runs VALUES (" + ", ".join("?" * 21) + ")",
-                rows,
-            )
+            db.executemany("INSERT OR IGNORE INTO runs VALUES (" + ", ".join("?" * 21) + ")", rows)
             return db.total_changes - before
 
     def rows(self, hardware_key: str | None = None, case_glob: str = "*") -> list[HistoryRow]:
-        query = (
-            "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
-            "median_s, efficiency, peak_mem_bytes, quarantine, verdict FROM runs WHERE case_id GLOB ?"
-        )
+        """The runs matching, validated field by field (a file edited by hand or by a hostile
+        tool): at most ``MAX_ROWS`` of them."""
+        where = "WHERE case_id GLOB ?"
         args: list[Any] = [case_glob]
         if hardware_key:
-            query += " AND hardware_key = ?"
+            where += " AND hardware_key = ?"
             args.append(hardware_key)
-        query += " ORDER BY hardware_key, case_id, recorded_at, run_id"
         try:
-            rows = [HistoryRow(*r) for r in self._db.execute(query, args).fetchall()]
-        except sqlite3.DatabaseError as exc:
-            raise HistoryError(f"history {self.path}: cannot be read ({exc})") from None
-        for row in rows:  # a file edited by hand: the types the page and the statistics need
-            good = isinstance(row.median_s, (int, float)) and math.isfinite(row.median_s) and row.median_s > 0
-            if not good or not all(
-                isinstance(v, str)
-                for v in (row.run_id, row.case_id, row.session, row.recorded_at, row.hardware_key)
-            ):
+            orphans = self._db.execute(
+                "SELECT count(*) FROM runs WHERE typeof(case_id) != 'text' OR typeof(hardware_key) != 'text'"
+            ).fetchone()[0]
+            if orphans:
                 raise HistoryError(
-                    f"history {self.path}: run {str(row.run_id)[:60]!r} has fields of the wrong type; "
-                    "rebuild the file with `scaleguard history import`"
+                    f"history {self.path}: {orphans} runs have no case id or hardware key (a file not "
+                    f"written by scaleguard); {_REBUILD}"
                 )
-        return rows
+            count = self._db.execute(f"SELECT count(*) FROM runs {where}", args).fetchone()[0]
+            if count > MAX_ROWS:
+                raise HistoryError(
+                    f"history {self.path}: {count} runs match, more than the {MAX_ROWS} one view reads; "
+                    "narrow it with --case GLOB and --hardware-key KEY"
+                )
+            query = (
+                "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
+                f"median_s, efficiency, peak_mem_bytes, quarantine, verdict FROM runs {where} "
+                "ORDER BY hardware_key, case_id, recorded_at, run_id"
+            )
+            raw = self._db.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
+        return [_checked_row(self.path, r) for r in raw]
+
+
+_TEXT_MAX = 400  # a torch version, a git sha, a session id: far shorter in any real history
+
+
+def _checked_row(path: Path, raw: Sequence[Any]) -> HistoryRow:
+    """One stored run, every field of the type the page and the statistics need."""
+    row = HistoryRow(*raw)
+
+    def bad(field: str) -> HistoryError:
+        return HistoryError(
+            f"history {path}: run {str(row.run_id)[:60]!r} has a {field} of the wrong type or size; "
+            "rebuild the file with `scaleguard history import`"
+        )
+
+    for name in ("run_id", "case_id", "hardware_key", "session", "recorded_at", "source"):
+        value = getattr(row, name)
+        if not isinstance(value, str) or len(value) > _TEXT_MAX:
+            raise bad(name)
+    for name in ("torch", "torch_git", "quarantine", "verdict"):
+        value = getattr(row, name)
+        if value is not None and (not isinstance(value, str) or len(value) > _TEXT_MAX):
+            raise bad(name)
+    if not CASE_ID.fullmatch(row.case_id):
+        raise bad("case id")
+    if isinstance(row.median_s, bool) or not isinstance(row.median_s, (int, float)):
+        raise bad("median step")
+    if not (math.isfinite(row.median_s) and 0 < row.median_s < MAX_STEP_S):
+        raise bad("median step")
+    if row.efficiency is not None and (
+        isinstance(row.efficiency, bool) or not isinstance(row.efficiency, (int, float))
+        or not math.isfinite(row.efficiency)
+    ):  # fmt: skip
+        raise bad("efficiency")
+    if row.peak_mem_bytes is not None and (
+        isinstance(row.peak_mem_bytes, bool)
+        or not isinstance(row.peak_mem_bytes, int)
+        or row.peak_mem_bytes < 0
+    ):
+        raise bad("peak memory")
+    return row
 
 
 def _text(value: object) -> str | None:

@@ -3,10 +3,11 @@
 Kernels in a child process with one BLAS/OpenMP thread, no torch: a fixed pure-Python loop
 pinned to one core at a time on up to four cores, the best core kept (the interpreter's and the
 core's speed: what a host-launch-bound step pays; an unpinned rank runs on a good core, and one
-slow core of a VM must not read as a slow machine), the same loop on every core at once (what a CPU case that uses them all gets: a CPU
-quota shows here) and a numpy copy of 64 MiB arrays (memory bandwidth). Each is timed several
-times and the fastest kept (noise only ever adds time). The score is their geometric mean, relative to fixed
-reference figures, so two machines compare by one number. Stored with every run; the session
+slow core of a VM must not read as a slow machine), the same loop on every core at once (what a
+CPU case that uses them all gets: a CPU quota shows here) and a numpy copy of 64 MiB arrays
+(memory bandwidth). Each is timed several times and the fastest kept (noise only ever adds
+time). The score is their geometric mean, relative to fixed reference figures, so two machines
+compare by one number. Stored with every run; the session
 header shows it beside the baseline runs'.
 
 What it cannot see: the GPU. A GPU-bound case barely moves with the host; a host-launch-bound
@@ -100,7 +101,8 @@ if __name__ == "__main__":
     parallel = sum(out.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=10)
-    print(json.dumps({"python_ops_per_s": max(per_core.values()), "copy_gb_per_s": 2 * src.nbytes / copy_s / 1e9,
+    print(json.dumps({"python_ops_per_s": max(per_core.values()),
+                      "copy_gb_per_s": 2 * src.nbytes / copy_s / 1e9,
                       "parallel_ops_per_s": parallel, "cores": len(cores),
                       "core_ops_per_s": [[c, v] for c, v in sorted(per_core.items())]}))
 """

@@ -447,8 +447,7 @@ def pytest_terminal_summary(
 
 def _ab_summary(terminalreporter: Any, state: Suite) -> None:
     """The paired A/B table and stories, and the files asked for."""
-    from scaleguard import benchmark_io, report
-    from scaleguard.env import host_fingerprint
+    from scaleguard import report
 
     session = state.ab
     assert session is not None
@@ -460,6 +459,27 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
     for verdict in session.verdicts.values():
         if verdict.status != "SAME" or verdict.dropped:  # a dropped pair is always reported
             terminalreporter.write_line(verdict.story)
+    try:
+        _ab_files(state, session)
+    except OSError as exc:
+        # checked at the start; a disk that filled or a directory removed since then costs
+        # the files, never the verdicts printed above
+        terminalreporter.write_line(f"scaleguard: A/B files not written: {exc}")
+        return
+    if config.ab_save is not None:
+        directory = config.ab_save
+        terminalreporter.write_line(
+            f"scaleguard: A/B sides saved as {directory / 'A.json'} and {directory / 'B.json'}"
+        )
+
+
+def _ab_files(state: Suite, session: Any) -> None:
+    """The markdown, plot and saved sides asked for (the sides in pytest-benchmark format)."""
+    from scaleguard import benchmark_io, report
+    from scaleguard.baseline import host_hardware_key
+    from scaleguard.env import host_fingerprint
+
+    config = state.config
     for target in (config.ab_markdown, config.ab_plot):
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -470,8 +490,6 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
     if config.ab_save is not None:
         directory = config.ab_save
         directory.mkdir(parents=True, exist_ok=True)
-        from scaleguard.baseline import host_hardware_key
-
         spec = state.planned()[0].spec
         host = host_fingerprint()
         threads = spec.settings.threads_per_rank
@@ -484,6 +502,3 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
             benchmark_io.write_saved_run(
                 directory / f"{label}.json", session.ledgers[label], machine_info, label
             )
-        terminalreporter.write_line(
-            f"scaleguard: A/B sides saved as {directory / 'A.json'} and {directory / 'B.json'}"
-        )

@@ -40,6 +40,16 @@ MAX_ID_CHARS = 200
 # case ids, group ids and torch versions are printed in tables, markdown and file names:
 # printable, no whitespace (a newline would inject a markdown row)
 _ID = re.compile(rf"[!-~]{{1,{MAX_ID_CHARS}}}")
+ID_PATTERN = _ID  # for readers of other stores (the history) that hold the same ids
+
+
+def content_id(*parts: object) -> str:
+    """A short stable digest of what a run holds: the id of a run whose file predates run ids
+    (two hosts' ``0001_nightly.json`` share a name, never their samples)."""
+    import hashlib
+
+    text = json.dumps([str(p) for p in parts], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class FileFormatError(ValueError):

@@ -335,14 +335,24 @@ def compare_cells(new: CaseEvidence, verdict: Verdict) -> list[str]:
 
 
 def compare_table(rows: Rows, old_label: str, new_label: str) -> Table:
-    table = Table(title=f"scaleguard compare: {old_label} -> {new_label}", title_justify="left")
+    table = Table(title=f"scaleguard compare: {inert(old_label)} -> {inert(new_label)}", title_justify="left")
     for header in HEADERS:
         table.add_column(header, justify="left" if header == "case" else "right")
     for new, verdict in rows:
-        table.add_row(*compare_cells(new, verdict))
+        table.add_row(*map(inert, compare_cells(new, verdict)))
     table.caption = "spread: run-to-run spread used; * assumed (young baseline)"
     table.caption_justify = "left"
     return table
+
+
+def inert(text: object) -> str:
+    """Text from files or the history for a terminal: control and format characters (newlines,
+    escape sequences, bidi overrides) shown as ``\\x..`` escapes, so a stored value can neither
+    draw a line of its own (a forged "change point") nor drive the terminal."""
+    value = str(text)
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in value)
 
 
 def md_cell(text: str) -> str:
