@@ -328,6 +328,10 @@ def cmd_ab(args: argparse.Namespace, pytest_args: list[str]) -> int:
 
     check_output(args.markdown, "--markdown")
     check_output(args.plot, "--plot", PLOT_SUFFIXES)
+    try:
+        check_output_path(args.save_dir, "--save-dir", directory=True)
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
     sides: dict[str, str] = {}
     for label, python, env in (("A", args.a, args.a_env), ("B", args.b, args.b_env)):
         try:
@@ -339,7 +343,15 @@ def cmd_ab(args: argparse.Namespace, pytest_args: list[str]) -> int:
             f"scaleguard ab: side {label}: {probed.interpreter.python} (torch {probed.versions.get('torch')})"
         )
     pytest_args = [a for a in pytest_args if a != "--"]
-    command = [sys.executable, "-m", "pytest", *(pytest_args or ["perf/"]), "-p", "no:cacheprovider"]
+    if not any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args):
+        # `-k CASE` alone: without a path pytest would collect this directory's own tests
+        # (testpaths) and find no case to compare
+        if not Path("perf").is_dir():
+            raise UsageProblem(
+                "no test path given and no perf/ here: run from the suite's root or name its perf/ directory"
+            )
+        pytest_args = ["perf/", *pytest_args]
+    command = [sys.executable, "-m", "pytest", *pytest_args, "-p", "no:cacheprovider"]
     command += ["--perf-ab-a", sides["A"], "--perf-ab-b", sides["B"]]
     for flag, value in (("--perf-ab-markdown", args.markdown), ("--perf-ab-plot", args.plot),
                         ("--perf-ab-save", args.save_dir), ("--perf-ab-pairs", args.pairs)):  # fmt: skip

@@ -42,6 +42,15 @@ document.querySelectorAll('.filters select').forEach(s => s.addEventListener('ch
 """
 
 
+def _t(text: object) -> str:
+    """A stored value as plotly text: plotly renders a subset of HTML in titles, legends, hover
+    and tick labels (links, styles that fetch), so every value from the history is escaped and
+    stripped of control characters: shown as text, never turned into an element."""
+    value = str(text)
+    value = "".join(ch if ch.isprintable() else "\ufffd" for ch in value)
+    return html.escape(value, quote=True)
+
+
 def _parts(case_id: str) -> dict[str, str]:
     """model, mode, world size, precision from an id like resnet50-ddp-ws2-bf16-strong."""
     tokens = case_id.split("-")
@@ -73,19 +82,19 @@ def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history"
             runs = [r for r in case_rows if (r.torch or "unknown") == torch and r.quarantine is None]
             fig.add_trace(
                 go.Scatter(
-                    x=[r.recorded_at for r in runs], y=[r.median_s * 1e3 for r in runs], mode="markers",
-                    name=f"torch {torch}", text=[f"{r.session} {r.torch_git or ''}" for r in runs],
+                    x=[_t(r.recorded_at) for r in runs], y=[r.median_s * 1e3 for r in runs], mode="markers",
+                    name=_t(f"torch {torch}"), text=[_t(f"{r.session} {r.torch_git or ''}") for r in runs],
                 )
             )  # fmt: skip
         fig.add_trace(
-            go.Scatter(x=[n.recorded_at for n in nights], y=[n.value * 1e3 for n in nights], mode="lines",
+            go.Scatter(x=[_t(n.recorded_at) for n in nights], y=[n.value * 1e3 for n in nights], mode="lines",
                        name="nightly median", line={"color": "black", "width": 1})
         )  # fmt: skip
         for point in points:
             assert point.after is not None and point.before is not None
             label = f"{point.change:+.1%}: torch {point.before.torch} -> {point.after.torch}"
-            fig.add_vline(x=point.after.recorded_at, line_dash="dash", line_color="red")
-            fig.add_annotation(x=point.after.recorded_at, y=1.0, yref="paper", text=html.escape(label),
+            fig.add_vline(x=_t(point.after.recorded_at), line_dash="dash", line_color="red")
+            fig.add_annotation(x=_t(point.after.recorded_at), y=1.0, yref="paper", text=_t(label),
                                showarrow=False, font={"color": "red"})  # fmt: skip
             if point is points[-1] and point.change > 0:
                 builds = f"torch {point.before.torch} -> {point.after.torch}"
@@ -93,14 +102,18 @@ def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history"
                 open_regressions.append(
                     "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
                 )
-        fig.update_layout(title=f"{case_id} ({key}): step time, ms", height=320, margin={"t": 40, "b": 30},
-                          xaxis_title="recorded", yaxis_title="ms per step")  # fmt: skip
+        fig.update_layout(
+            title=_t(f"{case_id} ({key}): step time, ms"), height=320, margin={"t": 40, "b": 30},
+            xaxis_title="recorded", yaxis_title="ms per step",
+        )  # fmt: skip
         efficiency = [r for r in case_rows if r.efficiency is not None and r.quarantine is None]
         extra = ""
         if efficiency:
-            xs, ys = [r.recorded_at for r in efficiency], [r.efficiency for r in efficiency]
+            xs, ys = [_t(r.recorded_at) for r in efficiency], [r.efficiency for r in efficiency]
             eff = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+lines", name="efficiency"))
-            eff.update_layout(title=f"{case_id}: scaling efficiency", height=240, margin={"t": 40, "b": 30})
+            eff.update_layout(
+                title=_t(f"{case_id}: scaling efficiency"), height=240, margin={"t": 40, "b": 30}
+            )
             extra = eff.to_html(full_html=False, include_plotlyjs=False)
         data = " ".join(f'data-{k}="{html.escape(v)}"' for k, v in parts.items())
         sections.append(
@@ -159,12 +172,12 @@ def _scaling_curves(rows: Sequence[history.HistoryRow]) -> list[str]:
             # keeps the batch, weak multiplies it by ws
             weak = group.endswith("weak") or "-weak-" in group
             ys = [(sum(sizes[w]) / len(sizes[w])) / base * (w if weak else 1) for w in xs]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"torch {torch}"))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=_t(f"torch {torch}")))
         top = max(max(s) for s in by_torch.values())
         ideal = {"dash": "dot", "color": "grey"}
         fig.add_trace(go.Scatter(x=[1, top], y=[1, top], mode="lines", name="ideal", line=ideal))
         fig.update_layout(
-            title=f"{group} ({key}): speedup over world size", height=300, xaxis_title="world size"
+            title=_t(f"{group} ({key}): speedup over world size"), height=300, xaxis_title="world size"
         )
         plot = fig.to_html(full_html=False, include_plotlyjs=False)
         out.append(f'<div class="scaling"><h3>{html.escape(group)}</h3>{plot}</div>')

@@ -145,6 +145,13 @@ def read_config(config: pytest.Config) -> PerfConfig:
         return PerfConfig.read(text, flag, lines)
 
 
+def _workload_entry_points() -> bool:
+    """Whether any installed package offers workloads (metadata only: nothing imported)."""
+    from importlib.metadata import entry_points
+
+    return bool(entry_points(group="scaleguard.workloads"))
+
+
 @contextlib.contextmanager
 def usage_errors() -> Generator[None, None, None]:
     """A problem the user can fix stops pytest as a usage error (exit 4), without a traceback."""
@@ -232,7 +239,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
     state = Suite(perf_config, config.rootpath, progress)
     config.stash[STATE] = state
-    if perf_config != PerfConfig():
+    if perf_config != PerfConfig() or _workload_entry_points():
+        # an installed workload that cannot load is the user's to fix: a usage error now, not
+        # a collection traceback later
         with usage_errors():
             state.planned()  # a matrix this machine cannot plan is a usage error now
             state.ab_sides()  # so is a missing or torch-less B interpreter

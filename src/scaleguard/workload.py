@@ -25,8 +25,11 @@ ranks all import it themselves, so nothing closes over the parent's state.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
+import signal
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -118,19 +121,67 @@ class Workload:
         return f"{type(self).__name__}.flops_per_sample" if self.flops_per_sample() else "FlopCounterMode"
 
 
+IMPORT_TIMEOUT_S = 60.0  # a user's module that sleeps or waits at import must not hang collection
+_MISSING = object()
+
+
+class _Expired(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise WorkloadError if the block runs past ``seconds`` (SIGALRM: the main thread only,
+    where pytest collects; elsewhere the block runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Expired:
+        raise WorkloadError(
+            f"{what} did not finish importing within {seconds:g} s (does it wait at import?)"
+        ) from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _what(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) (argument parsing, or a script's main, at import?)"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def check(workload: Any, where: str) -> Workload:
     """``workload`` as a usable Workload instance, or WorkloadError naming what is wrong."""
+    try:
+        return _check(workload, where)
+    except WorkloadError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's class: a raising property too
+        raise WorkloadError(f"{where}: using it raised {_what(exc)}") from None
+
+
+def _check(workload: Any, where: str) -> Workload:
     if isinstance(workload, type) and issubclass(workload, Workload):
         try:
             workload = workload()
-        except Exception as exc:  # noqa: BLE001 - a user's constructor: any failure is theirs
-            raise WorkloadError(f"{where}: constructing it raised {type(exc).__name__}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's constructor: any failure is theirs
+            raise WorkloadError(f"{where}: constructing it raised {_what(exc)}") from None
     if not isinstance(workload, Workload):
         raise WorkloadError(
             f"{where} is a {type(workload).__name__}, not a scaleguard.workload.Workload (subclass it)"
         )
-    if not NAME.fullmatch(workload.name or ""):
-        raise WorkloadError(f"{where}: name {workload.name!r} must be 1-48 letters, digits or '_'")
+    name = workload.name
+    if not isinstance(name, str) or not NAME.fullmatch(name or ""):
+        raise WorkloadError(f"{where}: name {str(name)[:60]!r} must be 1-48 letters, digits or '_'")
     if not workload.is_collective:
         for attr in ("strong_global_batch", "weak_per_rank_batch"):
             value = getattr(workload, attr)
@@ -159,14 +210,15 @@ def load_path(path: str) -> list[Workload]:
         raise WorkloadError(f"workload {path!r}: expected package.module:attribute")
     module_name, attr = path.split(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - a user's module: any import failure is reported
-        raise WorkloadError(
-            f"workload {path}: module {module_name} does not import ({type(exc).__name__}: {exc})"
-        ) from None
-    if not hasattr(module, attr):
+        with _deadline(IMPORT_TIMEOUT_S, f"workload {path}: module {module_name}"):
+            module = importlib.import_module(module_name)
+            value = getattr(module, attr, _MISSING)
+    except WorkloadError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's module: any failure, sys.exit too
+        raise WorkloadError(f"workload {path}: module {module_name} does not import ({_what(exc)})") from None
+    if value is _MISSING:
         raise WorkloadError(f"workload {path}: module {module_name} has no attribute {attr!r}")
-    value = getattr(module, attr)
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
         raise WorkloadError(f"workload {path}: the list is empty")
