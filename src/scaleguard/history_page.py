@@ -100,7 +100,7 @@ def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history"
                 builds = f"torch {point.before.torch} -> {point.after.torch}"
                 cells = [case_id, key, f"{point.change:+.1%}", point.after.recorded_at[:19], builds]
                 open_regressions.append(
-                    "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+                    "<tr>" + "".join(f"<td>{_t(c)}</td>" for c in cells) + "</tr>"
                 )
         fig.update_layout(
             title=_t(f"{case_id} ({key}): step time, ms"), height=320, margin={"t": 40, "b": 30},
