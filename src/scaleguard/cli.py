@@ -271,7 +271,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.html is not None:
         from scaleguard import history_page
 
-        history_page.write(args.html, rows)
+        history_page.write(args.html, rows, config_from(args).thresholds)
         print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
     groups: dict[tuple[str, str], list[history.HistoryRow]] = {}
     for row in rows:
@@ -280,6 +280,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"scaleguard history {path}: no runs match")
         return 0
     out = report.inert
+    settings = config_from(args).thresholds  # --threshold-step: the smallest change of level shown
     for (key, case_id), case_rows in sorted(groups.items()):
         nights = history.nightly(case_rows)
         print(f"{out(case_id)}  ({out(key)}, {len(nights)} nights, {len(case_rows)} runs)")
@@ -288,7 +289,8 @@ def cmd_history(args: argparse.Namespace) -> int:
             build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
             print(out(f"  {night.recorded_at[:19]}  {night.value * 1e3:9.2f} ms  {night.runs} runs  {build}"
                       f"  {'/'.join(verdicts) or '-'}  [{night.session}]"))  # fmt: skip
-        for point in history.case_change_points(nights):
+        magnitude = history.min_magnitude_for(key, case_id, settings)
+        for point in history.case_change_points(nights, min_magnitude=magnitude):
             before, after = point.before, point.after
             assert before is not None and after is not None
             builds = (
@@ -415,6 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--hardware-key", help="only this hardware")
     hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")
     hist.add_argument("--html", type=Path, help="write one self-contained page (plots, change points) here")
+    hist.add_argument(
+        "--threshold-step",
+        help="smallest change of level shown as a change point (default: the case's step threshold, "
+        "CPU 0.10, CUDA 0.03)",
+    )
     bis = sub.add_parser(
         "bisect",
         help="first bad torch build: PY_GOOD PY_2 ... PY_BAD -- perf/ -k CASE (paired A/B at each probe)",

@@ -10,10 +10,8 @@ the verdict of its case in that session. Writers serialise on SQLite's own write
 (``BEGIN IMMEDIATE`` under a busy deadline) in WAL mode; each append is one transaction, so an
 interrupted session leaves the file as it was before that append, or with all of it.
 
-Change points (``change_points``): a two-stage method after Apache Otava's, on run-level
-statistics — binary segmentation picks the split of a series that best separates two levels
-(largest Welch t over log medians), kept when its Welch p-value is below ``max_pvalue`` and its
-magnitude at least ``min_magnitude``, then both halves are searched again.
+Change points: ``scaleguard.changepoints`` (pure statistics) over each case's nights, with the
+case's own step threshold as the smallest change worth one (``min_magnitude_for``).
 """
 
 from __future__ import annotations
@@ -33,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from scaleguard.changepoints import detect
+from scaleguard.compare import ThresholdSettings
 from scaleguard.evidence import CaseEvidence
 from scaleguard.records import ID_PATTERN as CASE_ID
 from scaleguard.records import MAX_STEP_S
@@ -426,45 +426,18 @@ def change_points(
     min_magnitude: float = 0.02,
     min_size: int = 3,
 ) -> list[ChangePoint]:
-    """Where the level of ``values`` (positive: step times) changed, in order.
+    """Where the level of ``values`` (positive: step times) changed, in order
+    (``scaleguard.changepoints.detect``; SeriesError, a ValueError, for a series it refuses)."""
+    return [
+        ChangePoint(s.index, s.change, s.p_value) for s in detect(values, max_pvalue, min_magnitude, min_size)
+    ]
 
-    Binary segmentation on log values: the split with the largest Welch t between its two sides,
-    kept when significant (``max_pvalue``) and material (``min_magnitude``), then each side
-    searched again; segments shorter than ``min_size`` nights are not split.
-    """
-    from scipy import stats
 
-    x = np.log(np.asarray(values, dtype=np.float64))
-    found: list[ChangePoint] = []
-
-    def search(lo: int, hi: int) -> None:
-        if hi - lo < 2 * min_size:
-            return
-        # Welch t of every split at once from prefix sums: O(n) per segment, not O(n^2)
-        seg = x[lo:hi]
-        c1, c2 = np.cumsum(seg), np.cumsum(seg * seg)
-        splits = np.arange(min_size, seg.size - min_size + 1)
-        n_left, n_right = splits.astype(np.float64), (seg.size - splits).astype(np.float64)
-        s_left, q_left = c1[splits - 1], c2[splits - 1]
-        s_right, q_right = c1[-1] - s_left, c2[-1] - q_left
-        m_left, m_right = s_left / n_left, s_right / n_right
-        v_left = np.maximum(q_left - n_left * m_left**2, 0.0) / np.maximum(n_left - 1, 1)
-        v_right = np.maximum(q_right - n_right * m_right**2, 0.0) / np.maximum(n_right - 1, 1)
-        se = np.sqrt(v_left / n_left + v_right / n_right)
-        t = np.abs(m_right - m_left) / np.where(se > 0, se, 1e-12)
-        best = (float(t.max()), lo + int(splits[int(t.argmax())]))
-        split = best[1]
-        left, right = x[lo:split], x[split:hi]
-        test = stats.ttest_ind(left, right, equal_var=False)
-        change = math.expm1(float(right.mean() - left.mean()))
-        p = float(test.pvalue) if np.isfinite(test.pvalue) else 0.0
-        if p < max_pvalue and abs(change) >= min_magnitude:
-            found.append(ChangePoint(split, change, p))
-            search(lo, split)
-            search(split, hi)
-
-    search(0, len(x))
-    return sorted(found, key=lambda c: c.index)
+def min_magnitude_for(hardware_key: str, case_id: str, settings: ThresholdSettings | None = None) -> float:
+    """The smallest change of level worth a change point for a case: its step threshold on its
+    device (CPU 10 %, CUDA 3 % by default; per-case rules apply), never one figure for all."""
+    device = "cpu" if hardware_key.startswith("cpu-") else "cuda"
+    return (settings or ThresholdSettings()).for_case(case_id, device).step
 
 
 def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scaleguard import history
+from scaleguard.compare import ThresholdSettings
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -60,7 +61,11 @@ def _parts(case_id: str) -> dict[str, str]:
     return out
 
 
-def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history") -> str:
+def render(
+    rows: Sequence[history.HistoryRow],
+    title: str = "scaleguard history",
+    settings: ThresholdSettings | None = None,
+) -> str:
     """The page's HTML for ``rows`` (any hardware keys and cases)."""
     import plotly.graph_objects as go
     from plotly.offline import get_plotlyjs
@@ -76,7 +81,8 @@ def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history"
         for name in options:
             options[name].add(parts[name])
         nights = history.nightly(case_rows)
-        points = history.case_change_points(nights) if len(nights) >= 6 else []
+        magnitude = history.min_magnitude_for(key, case_id, settings)
+        points = history.case_change_points(nights, min_magnitude=magnitude)
         fig = go.Figure()
         for torch in sorted({r.torch or "unknown" for r in case_rows}):
             runs = [r for r in case_rows if (r.torch or "unknown") == torch and r.quarantine is None]
@@ -99,9 +105,7 @@ def render(rows: Sequence[history.HistoryRow], title: str = "scaleguard history"
             if point is points[-1] and point.change > 0:
                 builds = f"torch {point.before.torch} -> {point.after.torch}"
                 cells = [case_id, key, f"{point.change:+.1%}", point.after.recorded_at[:19], builds]
-                open_regressions.append(
-                    "<tr>" + "".join(f"<td>{_t(c)}</td>" for c in cells) + "</tr>"
-                )
+                open_regressions.append("<tr>" + "".join(f"<td>{_t(c)}</td>" for c in cells) + "</tr>")
         fig.update_layout(
             title=_t(f"{case_id} ({key}): step time, ms"), height=320, margin={"t": 40, "b": 30},
             xaxis_title="recorded", yaxis_title="ms per step",
@@ -184,7 +188,7 @@ def _scaling_curves(rows: Sequence[history.HistoryRow]) -> list[str]:
     return out
 
 
-def write(path: Path, rows: Sequence[history.HistoryRow]) -> None:
+def write(path: Path, rows: Sequence[history.HistoryRow], settings: ThresholdSettings | None = None) -> None:
     from scaleguard.records import atomic_write_text
 
-    atomic_write_text(path, render(rows))
+    atomic_write_text(path, render(rows, settings=settings))

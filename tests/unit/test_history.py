@@ -129,6 +129,10 @@ def test_the_cli_imports_idempotently_and_names_the_change_point_and_its_builds(
     assert cli_main(["history", "--history", str(path), "--last", "3"]) == 0
     out = capsys.readouterr().out
     assert "m-ddp-ws1-fp32-strong  (cpu-hist-1t, 16 nights, 32 runs)" in out
+    # +6 % on a CPU key is below the CPU step threshold (10 %): not a change point by default
+    assert "change point" not in out
+    assert cli_main(["history", "--history", str(path), "--last", "3", "--threshold-step", "0.05"]) == 0
+    out = capsys.readouterr().out
     assert "change point at 2026-11-01T08:00:00 [night008]: +" in out and "torch 2.13.0 -> 2.14.1" in out
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"\x00" * 4096)

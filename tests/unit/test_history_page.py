@@ -29,7 +29,7 @@ def chromium() -> str:
 def make_page(tmp_path: Path) -> Path:
     db = tmp_path / "h.sqlite"
     with history.History(db) as h:
-        for i, (level, torch) in enumerate([(0.1, "2.13.0")] * 8 + [(0.107, "2.14.1")] * 8):
+        for i, (level, torch) in enumerate([(0.1, "2.13.0")] * 8 + [(0.115, "2.14.1")] * 8):
             h.append(nights([level], torch=torch, first=i), KEY, "suite")
             h.append(nights([level * 0.6], case_ws=2, torch=torch, first=100 + i), KEY, "suite")
     page = tmp_path / "history.html"

@@ -1,0 +1,134 @@
+"""The change-point detector (issue 30): Otava's own published series, the cases where binary
+segmentation on means goes wrong, and every kind of nonsense input refused or handled."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scaleguard import history
+from scaleguard.changepoints import SeriesError, detect
+
+S1 = [1.02, 0.95, 0.99, 1.00, 1.12, 0.90, 0.50, 0.51, 0.48, 0.48, 0.55]
+S2 = [2.02, 2.03, 2.01, 2.04, 1.82, 1.85, 1.79, 1.81, 1.80, 1.76, 1.78]
+
+
+def at(values: list[float] | np.ndarray, **kw: object) -> list[int]:
+    return [s.index for s in detect(values, **kw)]  # type: ignore[arg-type]
+
+
+# Otava's tests (apache/otava tests/, 0.8.0), at their settings ---------------------------------
+def test_otavas_published_series_give_otavas_answers() -> None:
+    single = [1.02, 0.95, 0.99, 1.00, 1.12, 1.00, 1.01, 0.98, 1.01, 0.96,
+              0.50, 0.51, 0.48, 0.48, 0.55, 0.50, 0.49, 0.51, 0.50, 0.49]  # fmt: skip
+    assert at(single, max_pvalue=0.0001, min_size=2) == [10]
+    assert at(S1, min_size=2) == [6] and at(S2, min_size=2) == [4]
+    assert at(S1, min_size=2, min_magnitude=0.2) == [6] and at(S2, min_size=2, min_magnitude=0.2) == []
+    assert at([*S2, 1.97], min_size=2) == [4]
+    seq = [0.3, 2.4, 1.5, -0.9, -0.5, 99.7, 98.3, 99.1, 149.0, 149.7, 149.5, 149.1, 148.8, 150.0]
+    assert at(seq, max_pvalue=0.01, min_size=2, scale="linear") == [5, 8]
+    tb = json.loads(
+        (Path(__file__).parents[2] / "benchmarks" / "data" / "otava_tigerbeetle.json").read_text()
+    )
+    for name in ("test_tb_old_defaults", "test_tb_old_defaults_p05"):
+        case = tb["cases"][name]
+        assert (
+            at(tb["series"], max_pvalue=case["max_pvalue"], min_magnitude=case["min_magnitude"])
+            == case["expected"]
+        )
+
+
+# where means and a stopping search go wrong ------------------------------------------------------
+def test_one_outlier_night_does_not_capture_the_step() -> None:
+    rng = np.random.default_rng(1)
+    values = 0.1 * np.where(np.arange(40) < 25, 1.0, 0.89) * np.exp(rng.normal(0, 0.005, 40))
+    values[15] *= 0.59  # one -41 % night, ten nights before the -11 % step
+    steps = detect(values, min_magnitude=0.02)
+    assert [s.index for s in steps] == [25]
+    assert steps[0].change == pytest.approx(-0.11, abs=0.01)
+
+
+def test_a_regress_then_fix_bump_has_both_edges() -> None:
+    rng = np.random.default_rng(2)
+    level = np.where((np.arange(30) >= 12) & (np.arange(30) < 18), 1.06, 1.0)
+    assert at(0.1 * level * np.exp(rng.normal(0, 0.003, 30)), min_magnitude=0.02) == [12, 18]
+
+
+def test_a_small_step_beside_a_large_one_in_a_short_series_is_found() -> None:
+    rng = np.random.default_rng(3)
+    level = np.concatenate([np.full(8, 1.0), np.full(8, 1.5), np.full(8, 1.56)])
+    assert at(level * np.exp(rng.normal(0, 0.003, 24)), min_magnitude=0.02) == [8, 16]
+
+
+def test_a_single_outlier_night_is_not_a_change_point_unless_the_level_stays() -> None:
+    rng = np.random.default_rng(4)
+    base = 0.1 * np.exp(rng.normal(0, 0.005, 40))
+    once = base.copy()
+    once[20] *= 1.5
+    assert at(once, min_magnitude=0.02) == []
+    stays = base.copy()
+    stays[20:] *= 1.5  # the level stays from night 20 on
+    assert at(stays, min_magnitude=0.02) == [20]
+
+
+# no silent nonsense --------------------------------------------------------------------------------
+def test_flat_series_have_no_change_point_even_at_magnitude_zero() -> None:
+    assert detect([0.1] * 30, min_magnitude=0.0) == []
+    assert detect([0.1] * 15 + [0.1 + 1e-12] * 15, min_magnitude=0.01) == []
+
+
+def test_two_flat_levels_are_one_exact_change() -> None:
+    (step,) = detect([0.1] * 10 + [0.2] * 10, min_magnitude=0.0)
+    assert step.index == 10 and step.p_value == 0.0 and step.change == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ([0.1] * 5 + [0.0] * 5, "positive"),
+        ([0.1] * 5 + [-0.1] * 5, "positive"),
+        ([0.1] * 5 + [math.nan] * 5, "not a finite number"),
+        ([0.1] * 5 + [math.inf] * 5, "not a finite number"),
+        (["fast"] * 10, "numbers"),
+        ([[0.1, 0.2]] * 10, "one series"),
+    ],
+    ids=["zero", "negative", "nan", "inf", "text", "nested"],
+)
+def test_values_that_are_not_step_times_are_refused(values: list, needle: str) -> None:
+    with pytest.raises(SeriesError, match=needle):
+        detect(values)
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"min_size": 1}, "min_size"),
+        ({"min_size": 0}, "min_size"),
+        ({"min_size": True}, "min_size"),
+        ({"max_pvalue": 0.0}, "max_pvalue"),
+        ({"max_pvalue": math.nan}, "max_pvalue"),
+        ({"min_magnitude": -0.1}, "min_magnitude"),
+        ({"min_magnitude": math.nan}, "min_magnitude"),
+        ({"scale": "cubic"}, "scale"),
+    ],
+)
+def test_settings_that_make_nonsense_are_refused(kw: dict, needle: str) -> None:
+    with pytest.raises(SeriesError, match=needle):
+        detect([0.1] * 20, **kw)
+
+
+def test_zeros_and_negatives_are_fine_on_the_linear_scale() -> None:
+    assert at([0.0] * 8 + [1.0] * 8, scale="linear") == [8]
+
+
+def test_the_smallest_change_follows_the_device_and_case_thresholds() -> None:
+    from scaleguard.compare import ThresholdSettings
+
+    assert history.min_magnitude_for("cpu-amd-epyc-1t", "m-ddp-ws1-fp32-strong") == pytest.approx(0.10)
+    assert history.min_magnitude_for("cuda-nvidia-h200-x1", "m-ddp-ws1-fp32-strong") == pytest.approx(0.03)
+    rules = ThresholdSettings.parse({}, ["m-ddp-* step=0.05"])
+    assert history.min_magnitude_for("cpu-amd-epyc-1t", "m-ddp-ws1-fp32-strong", rules) == pytest.approx(0.05)
