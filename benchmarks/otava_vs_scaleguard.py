@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.unit.test_history: the synthetic nights
+
 from scaleguard import changepoints
 
 HERE = Path(__file__).parent
@@ -50,12 +52,17 @@ def otava_python(venv: Path) -> str:
 
 
 def otava(python: str, jobs: list[dict]) -> list[list[int]]:
-    done = subprocess.run([python, "-c", WORKER], input=json.dumps(jobs), capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [python, "-c", WORKER], input=json.dumps(jobs), capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout)
 
 
 def ours(job: dict, min_size: int = 3, scale: str = "log") -> list[int]:
-    return [s.index for s in changepoints.detect(job["series"], job["max_pvalue"], job["min_magnitude"], min_size, scale)]
+    return [
+        s.index
+        for s in changepoints.detect(job["series"], job["max_pvalue"], job["min_magnitude"], min_size, scale)
+    ]
 
 
 # -- Otava's own test series (tests/ of apache/otava at 0.8.0) ---------------------------------
@@ -133,6 +140,56 @@ def drift_set(spread: float = 0.005, nights: int = 60) -> Gen:
     return lambda rng: (0.1 * np.linspace(1.0, 1.15, nights) * np.exp(rng.normal(0, spread, nights)), [])
 
 
+ROUND_TRIP = r"""
+import json, sys
+from otava.importer import CsvImporter
+from otava.series import AnalysisOptions
+from otava.test_config import create_csv_test_config
+import yaml
+config = yaml.safe_load(open("otava.yaml"))
+out = {}
+for name, test in config["tests"].items():
+    series = CsvImporter().fetch_data(create_csv_test_config(name, test))
+    options = AnalysisOptions()
+    options.min_magnitude = float(sys.argv[1])
+    points = series.analyze(options).change_points_by_time
+    out[name] = [[int(p.index), [c.metric for c in p.changes]] for p in points]
+json.dump(out, sys.stdout)
+"""
+
+
+def round_trip(python: str) -> None:
+    """A history with a known step, exported as Otava CSV; Otava's own CSV reader and analysis
+    find the change point our detector finds."""
+    from tests.unit.test_history import KEY, nights
+
+    from scaleguard import history
+    from scaleguard.cli import main as cli_main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "h.sqlite"
+        rng = np.random.default_rng(7)
+        with history.History(db) as h:
+            for i, level in enumerate([0.1] * 12 + [0.115] * 12):
+                h.append(nights([level * float(np.exp(rng.normal(0, 0.01)))], first=i), KEY, "suite")
+        out = Path(tmp) / "otava"
+        assert cli_main(["export", "--format", "otava", "--history", str(db), "--out", str(out)]) == 0
+        with history.History(db, readonly=True) as h:
+            ours_at = [
+                p.index for p in history.case_change_points(history.nightly(h.rows()), min_magnitude=0.10)
+            ]
+        done = subprocess.run(
+            [python, "-c", ROUND_TRIP, "0.10"], cwd=out, capture_output=True, text=True, check=True
+        )
+        theirs = json.loads(done.stdout)
+        print("## Round trip: `scaleguard export --format otava`, read by Otava's CsvImporter\n")
+        print("| test | scaleguard's change point (night) | Otava's, on the exported CSV (night: metrics) |")
+        print("| --- | --- | --- |")
+        for name, points in theirs.items():
+            print(f"| {name} | {ours_at} | {points} |")
+        print()
+
+
 def score(found: list[int], truth: list[int], tolerance: int = 3) -> tuple[int, int, list[int]]:
     """(true steps found, false change points, location errors of the found steps)."""
     hit, errors = 0, []
@@ -153,6 +210,9 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "otava-venv")
     args = parser.parse_args()
     python = otava_python(args.venv)
+    if not subprocess.run([python, "-c", "import yaml"], capture_output=True).returncode == 0:
+        subprocess.run([python, "-m", "pip", "install", "-q", "pyyaml"], check=True)
+    round_trip(python)
 
     print("## Otava's own test series\n")
     print("| series | settings | Otava 0.8.0 asserts | Otava here | scaleguard |")
@@ -184,8 +244,11 @@ def main() -> None:
         ("drift +15 % over 60 nights, 0.5 %", drift_set(), 0.02),
     ]
     print(f"## Synthetic series, {args.series} per set (max_pvalue 0.001, min_magnitude as listed)\n")
-    print("| set | min_magnitude | steps | detected: Otava / scaleguard | false change points: Otava / scaleguard "
-          "| exact placement: Otava / scaleguard | location error, mean: Otava / scaleguard |")
+    print(
+        "| set | min_magnitude | steps | detected: Otava / scaleguard "
+        "| false change points: Otava / scaleguard "
+        "| exact placement: Otava / scaleguard | location error, mean: Otava / scaleguard |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     rng = np.random.default_rng(20261205)
     for name, make, magnitude in sets:
@@ -206,7 +269,11 @@ def main() -> None:
             cells["false"].append(str(false))
             cells["exact"].append(str(exact))
             cells["err"].append(f"{np.mean(errors):.2f}" if errors else "-")
-        print(f"| {name} | {magnitude:g} | {steps} | " + " | ".join(" / ".join(v) for v in cells.values()) + " |")
+        print(
+            f"| {name} | {magnitude:g} | {steps} | "
+            + " | ".join(" / ".join(v) for v in cells.values())
+            + " |"
+        )
     sys.stdout.flush()
 
 

@@ -3,6 +3,8 @@
 * ``compare OLD NEW``: verdicts between two saved runs or baseline files (table, ``--markdown``,
   ``--plot``); exit 1 when anything regressed, 2 on bad input, so CI can gate on it.
 * ``ingest RECORDS``: judge (and record) runs written under torchrun, like the suite does.
+* ``history``: the nights of each case and their change points (``--html``: one page).
+* ``export``: a history or saved runs as Bencher's BMF or Otava's CSV.
 * ``hardware-key``: this machine's baseline file name, for scripts and CI.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import math
 import os
 import sys
@@ -308,6 +311,53 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """``scaleguard export``: a history (or saved runs) as Bencher's BMF or Otava's CSV."""
+    from scaleguard import export, history
+
+    if args.format == "bmf":
+        check_output(args.out, "--out", (".json",))
+    elif args.out.exists() and not args.out.is_dir():
+        raise UsageProblem(f"--out {args.out} is a file; Otava's export is a directory of CSV files")
+    inputs = [*args.files, *([args.history] if not args.files else [])]
+    check_not_input(args.out, "--out", inputs)
+    if args.files:
+        rows = []
+        for f in args.files:
+            key, cases = load_all_cases(f)
+            if key is None:
+                raise UsageProblem(
+                    f"{f}: no hardware key; give a file saved by pytest perf/ --benchmark-save"
+                )
+            rows += export.rows_of_cases(cases, key)
+        rows = [r for r in rows if fnmatch.fnmatchcase(r.case_id, args.case)
+                and (args.hardware_key is None or r.hardware_key == args.hardware_key)]  # fmt: skip
+    else:
+        with history.History(args.history, readonly=True) as db:
+            rows = db.rows(args.hardware_key, args.case)
+    figures = export.nights(rows)
+    try:
+        if args.format == "bmf":
+            key, doc = export.bmf(figures, args.session)
+            from scaleguard.records import atomic_write_text
+
+            atomic_write_text(args.out, export.bmf_text(doc))
+            print(f"scaleguard export: {len(doc)} cases of {key} as BMF in {args.out}; upload with")
+            print(f"  bencher run --testbed {key} --adapter json --file {args.out}")
+        else:
+            files = export.otava(figures)
+            args.out.mkdir(parents=True, exist_ok=True)
+            from scaleguard.records import atomic_write_text
+
+            for name, text in files.items():
+                atomic_write_text(args.out / name, text)
+            print(f"scaleguard export: {len(files) - 1} cases as Otava CSV in {args.out}; analyse with")
+            print(f"  cd {args.out} && OTAVA_CONFIG=otava.yaml otava analyze <test>")
+    except export.ExportError as exc:
+        raise UsageProblem(str(exc)) from None
+    return 0
+
+
 def cmd_hardware_key(args: argparse.Namespace) -> int:
     from scaleguard.env import gpu_inventory, host_fingerprint
 
@@ -422,6 +472,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="smallest change of level shown as a change point (default: the case's step threshold, "
         "CPU 0.10, CUDA 0.03)",
     )
+    exp = sub.add_parser(
+        "export",
+        help="a history or saved runs as Bencher's metric format (BMF) or Otava's CSV",
+        description="Nights where teams already look: --format bmf writes the latest night of each case "
+        "(or --session's) for one hardware key, Bencher's testbed; --format otava writes one CSV per case "
+        "and an otava.yaml.",
+    )
+    exp.add_argument("files", nargs="*", type=Path, help="saved runs or baselines instead of the history")
+    exp.add_argument("--format", choices=("bmf", "otava"), required=True)
+    exp.add_argument("--out", type=Path, required=True, help="bmf: a .json file; otava: a directory")
+    exp.add_argument("--history", type=Path, default=Path(".scaleguard/history.sqlite"))
+    exp.add_argument("--case", default="*", help="case-id glob")
+    exp.add_argument("--hardware-key", help="only this hardware (BMF: required when the runs hold several)")
+    exp.add_argument("--session", help="bmf: this session's night instead of the latest of each case")
     bis = sub.add_parser(
         "bisect",
         help="first bad torch build: PY_GOOD PY_2 ... PY_BAD -- perf/ -k CASE (paired A/B at each probe)",
@@ -487,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest and args.command != "ab":
         build_parser().parse_args(argv)  # the usual error for unknown arguments
     handler = {"compare": cmd_compare, "ingest": cmd_ingest, "hardware-key": cmd_hardware_key,
-               "history": cmd_history}  # fmt: skip
+               "history": cmd_history, "export": cmd_export}  # fmt: skip
     try:
         if args.command == "ab":
             return cmd_ab(args, rest)

@@ -85,6 +85,7 @@ class HistoryRow:
     peak_mem_bytes: int | None
     quarantine: str | None
     verdict: str | None
+    samples_per_s: float | None = None
 
 
 _COLUMNS = (
@@ -325,7 +326,7 @@ class History:
                 )
             query = (
                 "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
-                f"median_s, efficiency, peak_mem_bytes, quarantine, verdict FROM runs {where} "
+                f"median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s FROM runs {where} "
                 "ORDER BY hardware_key, case_id, recorded_at, run_id"
             )
             raw = self._db.execute(query, args).fetchall()
@@ -366,6 +367,11 @@ def _checked_row(path: Path, raw: Sequence[Any]) -> HistoryRow:
         or not math.isfinite(row.efficiency)
     ):  # fmt: skip
         raise bad("efficiency")
+    if row.samples_per_s is not None and (
+        isinstance(row.samples_per_s, bool) or not isinstance(row.samples_per_s, (int, float))
+        or not math.isfinite(row.samples_per_s) or row.samples_per_s < 0
+    ):  # fmt: skip
+        raise bad("samples/s")
     if row.peak_mem_bytes is not None and (
         isinstance(row.peak_mem_bytes, bool)
         or not isinstance(row.peak_mem_bytes, int)

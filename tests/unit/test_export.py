@@ -1,0 +1,132 @@
+"""`scaleguard export`: a history or a saved run as Bencher's BMF (checked against Bencher's
+published JSON schema) and as Otava's CSV (the layout Otava's CSV reader and test config take)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from scaleguard import baseline, export, history
+from scaleguard.cli import main as cli_main
+from tests.unit.test_history import KEY, nights
+
+# Bencher's BMF schema as published (https://bencher.dev/bmf.json, draft-07)
+BMF_SCHEMA = {
+    "$id": "https://bencher.dev/bmf.json",
+    "$schema": "http://json-schema.org/draft-07/schema",
+    "type": "object",
+    "patternProperties": {
+        ".+": {
+            "type": "object",
+            "patternProperties": {
+                ".+": {
+                    "type": "object",
+                    "properties": {
+                        "value": {"type": "number"},
+                        "lower_value": {"type": "number"},
+                        "upper_value": {"type": "number"},
+                    },
+                    "required": ["value"],
+                }
+            },
+        }
+    },
+}
+
+
+def _history(tmp_path: Path, key: str = KEY) -> Path:
+    db = tmp_path / "h.sqlite"
+    with history.History(db) as h:
+        for i, level in enumerate([0.1] * 8 + [0.13] * 8):
+            h.append(nights([level], first=i), key, "suite")
+            h.append(nights([level * 0.6], case_ws=2, first=100 + i), key, "suite")
+    return db
+
+
+def test_bmf_of_a_history_is_valid_bencher_json_with_every_measure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bmf.json"
+    assert (
+        cli_main(["export", "--format", "bmf", "--history", str(_history(tmp_path)), "--out", str(out)]) == 0
+    )
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, BMF_SCHEMA)
+    assert set(doc) == {"m-ddp-ws1-fp32-strong", "m-ddp-ws2-fp32-strong"}
+    latency = doc["m-ddp-ws1-fp32-strong"]["latency"]
+    assert latency["value"] == pytest.approx(0.13e9, rel=0.01)  # the latest night, in ns
+    assert latency["lower_value"] < latency["value"] < latency["upper_value"]
+    assert doc["m-ddp-ws1-fp32-strong"]["throughput"]["value"] == pytest.approx(64 / 0.13, rel=0.02)
+    assert doc["m-ddp-ws1-fp32-strong"]["peak-memory"]["value"] == 2**30
+    assert f"bencher run --testbed {KEY}" in capsys.readouterr().out
+
+
+def test_bmf_takes_one_testbed_and_a_named_session(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _history(tmp_path)
+    with history.History(db) as h:
+        h.append(nights([0.2], first=50), "cpu-other-1t", "suite")
+    out = tmp_path / "bmf.json"
+    assert cli_main(["export", "--format", "bmf", "--history", str(db), "--out", str(out)]) == 2
+    assert "choose one with --hardware-key" in capsys.readouterr().err
+    args = ["export", "--format", "bmf", "--history", str(db), "--out", str(out), "--hardware-key", KEY]
+    assert cli_main([*args, "--session", "night003"]) == 0
+    assert json.loads(out.read_text())["m-ddp-ws1-fp32-strong"]["latency"]["value"] == pytest.approx(
+        0.1e9, rel=0.01
+    )
+    assert cli_main([*args, "--session", "nope"]) == 2
+    assert cli_main([*args[:-2], "--out", str(db)]) == 2  # never over an input
+
+
+def test_a_saved_run_exports_as_a_history_does(tmp_path: Path) -> None:
+    saved = tmp_path / f"{KEY}.json"
+    baseline.update(saved, KEY, {}, nights([0.1]))
+    out = tmp_path / "bmf.json"
+    assert cli_main(["export", str(saved), "--format", "bmf", "--out", str(out)]) == 0
+    jsonschema.validate(json.loads(out.read_text()), BMF_SCHEMA)
+
+
+def test_otava_csv_has_one_file_per_case_and_a_config_otava_reads(tmp_path: Path) -> None:
+    out = tmp_path / "otava"
+    assert (
+        cli_main(["export", "--format", "otava", "--history", str(_history(tmp_path)), "--out", str(out)])
+        == 0
+    )
+    config = yaml.safe_load((out / "otava.yaml").read_text())
+    assert set(config["tests"]) == {f"{KEY}/m-ddp-ws1-fp32-strong", f"{KEY}/m-ddp-ws2-fp32-strong"}
+    for test in config["tests"].values():  # what otava.test_config.create_csv_test_config reads
+        assert (
+            test["type"] == "csv" and test["time_column"] == "time" and isinstance(test["attributes"], list)
+        )
+        assert test["metrics"]["step_ms"]["direction"] == -1
+        rows = list(csv.DictReader(io.StringIO((out / test["file"]).read_text())))
+        assert len(rows) == 16 and all(r["step_ms"] and r["time"].endswith("+00:00") for r in rows)
+        assert set(test["metrics"]) <= set(rows[0])
+    steps = [float(r["step_ms"]) for r in csv.DictReader((out / f"{KEY}__m-ddp-ws1-fp32-strong.csv").open())]
+    assert [p.index for p in history.change_points([s / 1e3 for s in steps])] == [8]
+
+
+def test_stored_text_cannot_become_a_formula_or_a_row(tmp_path: Path) -> None:
+    rows = [
+        replace(r, torch='=HYPERLINK("http://x")\n2.14', session=f"@{r.session}")
+        for r in export.rows_of_cases(nights([0.1, 0.1]), KEY)
+    ]
+    files = export.otava(export.nights(rows))
+    text = files[f"{KEY}__m-ddp-ws1-fp32-strong.csv"]
+    parsed = list(csv.reader(io.StringIO(text)))
+    assert len(parsed) == 3 and parsed[1][1].startswith("'=") and parsed[1][3].startswith("'@")
+
+
+def test_bmf_refuses_what_bencher_would(tmp_path: Path) -> None:
+    for bad in ({}, {"x": {}}, {"x": {"Latency ns": {"value": 1}}}, {"x": {"latency": {"value": float("nan")}}},
+                {"x": {"latency": {"value": 1, "lower_value": 2, "upper_value": 1}}}):  # fmt: skip
+        with pytest.raises(export.ExportError):
+            export.check_bmf(bad)
