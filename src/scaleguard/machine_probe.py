@@ -124,7 +124,13 @@ class MachineSpeed:
         return math.sqrt(self.python_ops_per_s / REF_PYTHON_OPS_S * self.copy_gb_per_s / REF_COPY_GB_S)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "score": round(self.score, 4)}
+        """Scalars only (a run's ``machine`` record holds numbers): the per-core sweep is kept
+        as its slowest core and how many cores were tried."""
+        data = {k: v for k, v in asdict(self).items() if k != "core_ops_per_s"}
+        if self.core_ops_per_s:
+            data["slowest_core_ops_per_s"] = min(v for _, v in self.core_ops_per_s)
+            data["cores_swept"] = len(self.core_ops_per_s)
+        return {**data, "score": round(self.score, 4)}
 
     def describe(self) -> str:
         return (
