@@ -9,13 +9,7 @@
 # Every log goes to OUTDIR; each step has its own deadline so one call never runs past its slot.
 set -u
 phase=$1; out=$2
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# the editable install does not register the pytest11 entry point on that machine (README)
-export PYTHONPATH=$PWD/src PYTEST_ADDOPTS="-p scaleguard.plugin -p no:cacheprovider"
-mkdir -p "$out"
-stamp() { local start=$(date +%s); while IFS= read -r line; do echo "$(( $(date +%s) - start )) $line"; done; }
-python -c "import torch, torchvision; torch.zeros(1, device='cuda')"
-(nproc; lscpu | grep -E "Model name|Socket|NUMA node|MHz"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv) > "$out/machine.txt" 2>&1
+. "$(dirname "$0")/h200_common.sh"
 case $phase in
   record-decoder)
     timeout -s INT 240 python -m pytest tests/gpu -v -rfE --durations=0 2>&1 | stamp > "$out/gpu-tests.log"

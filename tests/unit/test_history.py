@@ -148,7 +148,11 @@ def test_a_fifo_a_device_or_a_hand_edited_history_is_refused(
     os.mkfifo(fifo)
     zero = tmp_path / "zero.sqlite"
     zero.symlink_to("/dev/zero")
-    for bad, says in ((fifo, "not a regular file"), (zero, "symbolic link"), (tmp_path, "not a regular file")):
+    for bad, says in (
+        (fifo, "not a regular file"),
+        (zero, "symbolic link"),
+        (tmp_path, "not a regular file"),
+    ):
         assert cli_main(["history", "--history", str(bad)]) == 2
         assert says in capsys.readouterr().err
     path = tmp_path / "h.sqlite"

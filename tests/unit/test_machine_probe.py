@@ -84,3 +84,15 @@ def test_a_probe_killed_mid_way_leaves_no_worker() -> None:
     alive = [pid for pid in seen if os.path.exists(f"/proc/{pid}/stat")
              and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]  # fmt: skip
     assert not alive, alive
+
+
+def test_the_per_core_sweep_is_kept_as_scalars_a_run_record_can_hold() -> None:
+    """A run's ``machine`` record holds numbers only: a list there made the baseline's own
+    write-back check refuse the file (seen on the H200: a whole recording lost)."""
+    from scaleguard.machine_probe import MachineSpeed
+
+    speed = MachineSpeed(15.4e6, 13.0, parallel_ops_per_s=2e8, cores=16,
+                         core_ops_per_s=((0, 14.4e6), (5, 15.2e6), (15, 15.4e6)))  # fmt: skip
+    data = speed.to_dict()
+    assert all(isinstance(v, (int, float)) for v in data.values()), data
+    assert data["slowest_core_ops_per_s"] == 14.4e6 and data["cores_swept"] == 3
