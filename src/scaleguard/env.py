@@ -19,9 +19,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
+# torch is imported inside the functions that ask it: this module's types and key helpers are
+# used by the CLI and the plugin at start-up, which must not pay torch's import (1-2 s)
 from scaleguard.schema import SCHEMA_VERSION
 
 
@@ -60,6 +59,8 @@ def _nvidia_smi_names() -> tuple[str, ...] | None:
 @functools.cache
 def gpu_inventory() -> GpuInventory:
     """Visible CUDA devices. ``torch.cuda.device_count`` asks NVML and creates no context."""
+    import torch
+
     if not torch.cuda.is_available():
         return GpuInventory(0, ())
     count = torch.cuda.device_count()
@@ -90,6 +91,9 @@ def runtime_versions(with_names: bool = False) -> dict[str, Any]:
 
     May initialise CUDA: call it in ranks or in the probe child, never in the pytest process.
     """
+    import torch
+    import torch.distributed as dist
+
     info: dict[str, Any] = {
         "torch": torch.__version__,
         # the build: nightlies and local builds share a version string, never a sha
@@ -116,6 +120,8 @@ _PROBE = "import json; from scaleguard.env import runtime_versions; print(json.d
 def cuda_runtime() -> dict[str, Any]:
     """CUDA, cuDNN and NCCL versions and GPU names, asked of a short-lived child process:
     the libraries' own version calls may initialise CUDA, which the pytest process must not."""
+    import torch
+
     if gpu_inventory().count == 0:
         return {"cuda": None, "cudnn": None, "nccl": None, "names": []}
     try:
@@ -159,6 +165,8 @@ class HostFingerprint:
 
 
 def host_fingerprint() -> HostFingerprint:
+    import torch
+
     gpus = gpu_inventory()
     runtime = cuda_runtime()
     names = list(runtime.get("names") or gpus.names)
@@ -204,6 +212,9 @@ class DistributedCapabilities:
 
 
 def distributed_capabilities() -> DistributedCapabilities:
+    import torch
+    import torch.distributed as dist
+
     available = dist.is_available()
     return DistributedCapabilities(
         distributed=available,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
-from scaleguard.env import GpuInventory
-from scaleguard.models import DEFAULT_MODELS
-from scaleguard.workload import Registry
+
+if TYPE_CHECKING:
+    from scaleguard.env import GpuInventory
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,11 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     so world size 1 is measured before the cases whose speedup it anchors)."""
     device = resolve_device(options.device, gpus)
     profile = options.profile if options.profile != "auto" else ("full" if device == "cuda" else "smoke")
+    # the workloads (torch) only when a plan is made: the options and their parsers above are
+    # read at every pytest start, `pytest --help` included, and must not import torch
+    from scaleguard.models import DEFAULT_MODELS
+    from scaleguard.workload import Registry
+
     registry = Registry(options.workloads)  # WorkloadError (a ValueError) names a bad one
     # a team that names its own workloads wants them measured; built-ins by --perf-models
     models = options.models or tuple(registry.user) or DEFAULT_MODELS[profile]

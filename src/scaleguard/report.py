@@ -13,10 +13,8 @@ from rich.table import Table
 
 from scaleguard import anatomy
 from scaleguard.case import CaseSpec
-from scaleguard.collective import bus_bandwidth, no_overlap_bound
 from scaleguard.compare import Status, Verdict
 from scaleguard.evidence import CaseEvidence
-from scaleguard.models import BUILTINS
 
 if TYPE_CHECKING:
     from scaleguard.ledger import Ledger
@@ -158,6 +156,10 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
 
 def collective_notes(spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
     """For an all-reduce case: the bandwidth its median step means (nccl-tests' busbw)."""
+    # the built-in workloads import torch: only here, never when the CLI or the plugin loads
+    from scaleguard.collective import bus_bandwidth
+    from scaleguard.models import BUILTINS
+
     mdef = BUILTINS.get(spec.model)
     if mdef is None or not mdef.is_collective or not evidence.runs:
         return []
@@ -172,6 +174,9 @@ def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence
     """For a DDP case at world size > 1: what its gradients cost at the bus bandwidth this
     session's all-reduce case measured at the same world size, and the efficiency that
     allows without overlap, beside the measured efficiency."""
+    from scaleguard.collective import bus_bandwidth, no_overlap_bound
+    from scaleguard.models import BUILTINS
+
     grads = [r.anatomy.grad_bytes for r in evidence.runs if r.anatomy and r.anatomy.grad_bytes]
     reference = ledger.ws1_samples_per_s(spec.group_id)
     effs = evidence.efficiencies()
