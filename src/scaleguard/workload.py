@@ -30,6 +30,7 @@ import importlib
 import re
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -141,16 +142,26 @@ def _deadline(seconds: float, what: str) -> Iterator[None]:
         raise _Expired
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # an alarm already set (pytest-timeout's signal method uses SIGALRM too) keeps running:
+    # ours never outlasts it, and it is re-armed with what is left of it afterwards
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
+    started = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer) if outer > 0 else seconds)
     try:
         yield
     except _Expired:
+        if outer > 0 and outer <= seconds:
+            previous_handler = previous if callable(previous) else None
+            if previous_handler is not None:  # the outer deadline came first: its handler decides
+                previous_handler(signal.SIGALRM, None)
         raise WorkloadError(
             f"{what} did not finish importing within {seconds:g} s (does it wait at import?)"
         ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - started)))
 
 
 def _what(exc: BaseException) -> str:

@@ -577,3 +577,21 @@ def test_hostile_rows_and_probe_outputs_never_raise(tmp_path: Path) -> None:
         assert answer is None or isinstance(answer, dict)
 
     check()
+
+
+def test_the_import_deadline_leaves_an_outer_alarm_armed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest-timeout's signal method arms SIGALRM too: a workload import must not disarm it."""
+    (tmp_path / "sg_wl_quick.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = signal.signal(signal.SIGALRM, lambda *a: None)
+    signal.setitimer(signal.ITIMER_REAL, 300.0)
+    try:
+        with pytest.raises(workload.WorkloadError, match=r"not a scaleguard\.workload\.Workload"):
+            workload.load_path("sg_wl_quick:X")
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 290.0 < left <= 300.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
