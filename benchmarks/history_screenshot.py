@@ -12,9 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scaleguard import history
-from scaleguard.cli import main as cli_main
 from tests.unit.test_history import KEY, nights
+
+from scaleguard.cli import main as cli_main
+from scaleguard.history import database as history
 
 
 def main() -> None:

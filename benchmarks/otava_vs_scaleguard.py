@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.unit.test_history: the synthetic nights
 
-from scaleguard import changepoints
+from scaleguard.history import changepoints
 
 HERE = Path(__file__).parent
 OTAVA = "apache-otava==0.8.0"
@@ -163,8 +163,8 @@ def round_trip(python: str) -> None:
     find the change point our detector finds."""
     from tests.unit.test_history import KEY, nights
 
-    from scaleguard import history
     from scaleguard.cli import main as cli_main
+    from scaleguard.history import database as history
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "h.sqlite"

@@ -80,7 +80,7 @@ def main() -> None:
     report("resnet50 ddp ws1 bf16 bs256", resnet_step)
     del ddp, model, opt
 
-    from scaleguard.models import get_model_def, synthetic_batches
+    from scaleguard.workloads.builtins import get_model_def, synthetic_batches
 
     wl = get_model_def("gpt2_small")
     gpt = DDP(wl.build().to(dev), device_ids=[0])

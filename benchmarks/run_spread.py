@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scaleguard import benchmark_io
+from scaleguard.evidence import benchmark_io
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ import multiprocessing
 import pytest
 import torch
 
-from scaleguard.env import distributed_capabilities, gpu_inventory, host_fingerprint
-from scaleguard.matrix import resolve_device
+from scaleguard.machine.env import distributed_capabilities, gpu_inventory, host_fingerprint
+from scaleguard.schedule.matrix import resolve_device
 
 
 def test_environment(record_property: pytest.RecordProperty, request: pytest.FixtureRequest) -> None:

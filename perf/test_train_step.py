@@ -1,4 +1,4 @@
-"""The suite: one parametrized test per case in the matrix (see ``scaleguard.matrix``)."""
+"""The suite: one parametrized test per case in the matrix (see ``scaleguard.schedule.matrix``)."""
 
 from __future__ import annotations
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from scaleguard.evidence.document import Fields
 from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
-
-if TYPE_CHECKING:
-    from scaleguard.records import Fields
 
 Mode = Literal["single", "dp", "ddp", "fsdp", "compile"]
 Precision = Literal["fp32", "bf16"]
@@ -29,6 +27,8 @@ PROFILES: tuple[Profile, ...] = ("smoke", "full")
 # a model name becomes part of case ids, test ids, file names and markdown rows
 MODEL_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")
 MAX_BATCH = 2**31
+# a workload is named by an import path, ``package.module:attribute`` (``#i``: the i-th of a list)
+WORKLOAD_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(#\d{1,4})?")
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class RunSettings:
     max_steps: int = 0
     max_measure_s: float = 0.0
     target_median_ci: float = 0.0
-    # step anatomy (scaleguard.anatomy): phased steps after the measured ones; 0 turns it off
+    # step anatomy (scaleguard.evidence.anatomy): phased steps after the measured ones; 0 turns it off
     profile_steps: int = 3
     # test mode (--perf-share-gpu): ranks share the visible GPUs round-robin over gloo, so the
     # multi-rank CUDA path runs on a one-GPU machine; never a scaling figure, never recorded
@@ -138,8 +138,6 @@ class CaseSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
-        from scaleguard.records import Fields
-
         return cls.from_fields(Fields.of(data, "case description", "a scaleguard bug: report it"))
 
     @classmethod
@@ -173,9 +171,7 @@ class CaseSpec:
             settings=RunSettings.from_fields(f.obj("settings")),
             workload=f.text("workload", optional=True) or "",
         )
-        from scaleguard.workload import REF
-
-        if spec.workload and not REF.fullmatch(spec.workload):
+        if spec.workload and not WORKLOAD_REF.fullmatch(spec.workload):
             raise f.fail(
                 "workload", f"is {spec.workload[:60]!r}, not an import path package.module:attribute"
             )

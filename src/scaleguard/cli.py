@@ -20,13 +20,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from scaleguard import baseline, benchmark_io, report
-from scaleguard.baseline import BaselineError
-from scaleguard.compare import Status, Thresholds, Verdict, decide
 from scaleguard.config import ConfigError, PerfConfig, check_output_path
-from scaleguard.evidence import CaseEvidence
-from scaleguard.history import HistoryError
-from scaleguard.records import FileFormatError
+from scaleguard.evidence import baseline, benchmark_io
+from scaleguard.evidence.baseline import BaselineError
+from scaleguard.evidence.records import FileFormatError
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.evidence.verdict import Status, Thresholds, Verdict, decide
+from scaleguard.history.database import HistoryError
+from scaleguard.report import terminal as report
 
 EXIT_REGRESSED, EXIT_BAD_INPUT = 1, 2
 
@@ -152,8 +153,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from scaleguard import torchrun_entry
-    from scaleguard.ledger import BaselineContext, Ledger
+    from scaleguard.evidence.ledger import BaselineContext, Ledger
+    from scaleguard.schedule import torchrun_entry
 
     config = config_from(args)  # thresholds checked before any record is read
     if args.hardware_key is not None:
@@ -161,7 +162,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     results = [torchrun_entry.read_finished_record(path) for path in args.files]
     db = None
     if args.history is not None:
-        from scaleguard.history import History
+        from scaleguard.history.database import History
 
         db = History(args.history)  # opened (and checked) before anything is judged or written
     results.sort(key=lambda r: (r.spec.group_id, r.spec.world_size))
@@ -207,10 +208,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             console.print(report.inert(verdict.story), markup=False, highlight=False)
     code = EXIT_REGRESSED if any(v.failed for v in ledger.verdicts.values()) else 0
     if args.update_baselines:
-        lines = report.baseline_update_lines(ledger, interrupted=False)
-        for line in lines:
+        update = ledger.update_baselines()
+        for line in report.baseline_update_lines(update):
             console.print(report.inert(line), markup=False, highlight=False)
-        if any(line.startswith("scaleguard: baselines not updated") for line in lines):
+        if update.refused is not None:
             code = EXIT_BAD_INPUT
     if db is not None:
         # after the baseline: a history that fails now costs the history, never the baseline
@@ -243,7 +244,7 @@ def load_all_cases(path: Path) -> tuple[str | None, list[CaseEvidence]]:
 def cmd_history(args: argparse.Namespace) -> int:
     """``scaleguard history``: the last nights of each case and its change points;
     ``scaleguard history import FILES``: load saved runs and baselines (idempotent)."""
-    from scaleguard import history
+    from scaleguard.history import database as history
 
     path = args.history
     if args.last < 1:
@@ -272,7 +273,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     with history.History(path, readonly=True) as db:
         rows = db.rows(args.hardware_key, args.case)
     if args.html is not None:
-        from scaleguard import history_page
+        from scaleguard.report import page as history_page
 
         history_page.write(args.html, rows, config_from(args).thresholds)
         print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
@@ -313,7 +314,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``scaleguard export``: a history (or saved runs) as Bencher's BMF or Otava's CSV."""
-    from scaleguard import export, history
+    from scaleguard.history import database as history
+    from scaleguard.history import export
 
     if args.format == "bmf":
         check_output(args.out, "--out", (".json",))
@@ -339,7 +341,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.format == "bmf":
             key, doc = export.bmf(figures, args.session)
-            from scaleguard.records import atomic_write_text
+            from scaleguard.evidence.records import atomic_write_text
 
             atomic_write_text(args.out, export.bmf_text(doc))
             print(f"scaleguard export: {len(doc)} cases of {key} as BMF in {args.out}; upload with")
@@ -347,7 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         else:
             files = export.otava(figures)
             args.out.mkdir(parents=True, exist_ok=True)
-            from scaleguard.records import atomic_write_text
+            from scaleguard.evidence.records import atomic_write_text
 
             for name, text in files.items():
                 atomic_write_text(args.out / name, text)
@@ -359,7 +361,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_hardware_key(args: argparse.Namespace) -> int:
-    from scaleguard.env import gpu_inventory, host_fingerprint
+    from scaleguard.machine.env import gpu_inventory, host_fingerprint
 
     host = host_fingerprint()
     device = args.device if args.device != "auto" else ("cuda" if gpu_inventory().count else "cpu")
@@ -376,7 +378,7 @@ def cmd_ab(args: argparse.Namespace, pytest_args: list[str]) -> int:
     """``pytest perf/`` in paired A/B mode; exit 0 / 1 (REGRESSED) / 2 (bad input)."""
     import subprocess
 
-    from scaleguard import ab
+    from scaleguard.schedule import ab
 
     check_output(args.markdown, "--markdown")
     check_output(args.plot, "--plot", PLOT_SUFFIXES)
@@ -431,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-cross-hardware", action="store_true", help="compare files of different hardware keys"
     )
     ing = sub.add_parser("ingest", help="judge (and record) run records written under torchrun")
-    ing.add_argument("files", nargs="+", type=Path, help="*.case.json from scaleguard.torchrun_entry")
+    ing.add_argument(
+        "files", nargs="+", type=Path, help="*.case.json from scaleguard.schedule.torchrun_entry"
+    )
     ing.add_argument("--baselines", type=Path, default=Path("baselines"))
     ing.add_argument("--hardware-key", help="default: cuda-<gpu>-x<largest world size> / cpu-<cpu>-<n>t")
     ing.add_argument("--baseline-torch", help="compare with this torch version's entries")
@@ -514,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_bisect(args: argparse.Namespace, pytest_args: list[str]) -> int:
-    from scaleguard import bisect
+    from scaleguard.schedule import bisect
 
     timeout_s = bisect.PROBE_TIMEOUT_S
     if args.probe_timeout is not None:

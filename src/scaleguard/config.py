@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS
-from scaleguard.compare import ThresholdSettings
-from scaleguard.matrix import MatrixOptions, parse_csv, parse_world_sizes
+from scaleguard.evidence.verdict import ThresholdSettings
+from scaleguard.schedule.matrix import MatrixOptions, parse_csv, parse_world_sizes
 
 
 class ConfigError(ValueError):
@@ -260,7 +260,7 @@ def check_output_path(
 def _env(items: Sequence[str], option: str) -> tuple[tuple[str, str], ...]:
     if not items:
         return ()
-    from scaleguard.ab import ABInputError, parse_env  # numpy/scipy: only when A/B is asked
+    from scaleguard.schedule.ab import ABInputError, parse_env  # numpy/scipy: only when A/B is asked
 
     try:
         return tuple(parse_env(items, option))

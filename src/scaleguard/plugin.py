@@ -257,8 +257,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         planned = state.planned()
     except ConfigError:
         return []
-    from scaleguard.env import gpu_inventory
-    from scaleguard.matrix import describe
+    from scaleguard.machine.env import gpu_inventory
+    from scaleguard.schedule.matrix import describe
 
     return describe(planned, gpu_inventory())
 
@@ -344,8 +344,8 @@ def perf_session(request: pytest.FixtureRequest) -> Any:
 def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) -> Callable[[CaseSpec], Any]:
     """Run a case (its runs, and confirm runs when it looks changed), store its steps in
     pytest-benchmark; a failed case or a REGRESSED verdict fails the test cleanly."""
-    from scaleguard import benchmark_io
-    from scaleguard.launcher import CaseFailedError
+    from scaleguard.evidence import benchmark_io
+    from scaleguard.ranks.launcher import CaseFailedError
 
     def run(spec: CaseSpec) -> Any:
         ab_session = request.config.stash[STATE].ab_session()
@@ -390,13 +390,13 @@ class _BenchmarkHooks:
     def pytest_benchmark_update_machine_info(
         self, config: pytest.Config, machine_info: dict[str, Any]
     ) -> None:
-        from scaleguard import benchmark_io
-        from scaleguard.env import host_fingerprint
+        from scaleguard.evidence import benchmark_io
+        from scaleguard.machine.env import host_fingerprint
 
         planned = self.state.planned() if self.state.planned_yet else []
         if not planned:
             return
-        from scaleguard.baseline import host_hardware_key
+        from scaleguard.evidence.baseline import host_hardware_key
 
         spec = planned[0].spec
         host = host_fingerprint()
@@ -426,7 +426,7 @@ def pytest_terminal_summary(
     session = state.session if state else None
     if session is None or not (session.ledger.records or session.ledger.failures):
         return result
-    from scaleguard import report
+    from scaleguard.report import terminal as report
 
     ledger = session.ledger
     terminalreporter.section("scaleguard scaling")
@@ -445,7 +445,8 @@ def pytest_terminal_summary(
     for line in report.time_lines(ledger, time.monotonic() - state.started if state else 0.0):
         terminalreporter.write_line(line)
     if state is not None and state.config.update_baselines:
-        for line in report.baseline_update_lines(ledger, exitstatus == pytest.ExitCode.INTERRUPTED):
+        update = ledger.update_baselines(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        for line in report.baseline_update_lines(update):
             terminalreporter.write_line(line)
     if state is not None:
         line = state.append_history({"suite": ledger})
@@ -456,7 +457,7 @@ def pytest_terminal_summary(
 
 def _ab_summary(terminalreporter: Any, state: Suite) -> None:
     """The paired A/B table and stories, and the files asked for."""
-    from scaleguard import report
+    from scaleguard.report import terminal as report
 
     session = state.ab
     assert session is not None
@@ -484,9 +485,10 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
 
 def _ab_files(state: Suite, session: Any) -> None:
     """The markdown, plot and saved sides asked for (the sides in pytest-benchmark format)."""
-    from scaleguard import benchmark_io, report
-    from scaleguard.baseline import host_hardware_key
-    from scaleguard.env import host_fingerprint
+    from scaleguard.evidence import benchmark_io
+    from scaleguard.evidence.baseline import host_hardware_key
+    from scaleguard.machine.env import host_fingerprint
+    from scaleguard.report import terminal as report
 
     config = state.config
     for target in (config.ab_markdown, config.ab_plot):

@@ -20,14 +20,14 @@ from scaleguard.case import CaseSpec
 from scaleguard.config import ConfigError, PerfConfig
 
 if TYPE_CHECKING:
-    from scaleguard.ab import ABSession, Side
-    from scaleguard.compare import Thresholds
-    from scaleguard.env import HostFingerprint
-    from scaleguard.evidence import CaseEvidence
-    from scaleguard.launcher import Pools
-    from scaleguard.ledger import BaselineContext, Ledger
-    from scaleguard.matrix import PlannedCase
-    from scaleguard.session import PerfSession, Schedule
+    from scaleguard.evidence.ledger import BaselineContext, Ledger
+    from scaleguard.evidence.runs import CaseEvidence
+    from scaleguard.evidence.verdict import Thresholds
+    from scaleguard.machine.env import HostFingerprint
+    from scaleguard.ranks.launcher import Pools
+    from scaleguard.schedule.ab import ABSession, Side
+    from scaleguard.schedule.matrix import PlannedCase
+    from scaleguard.schedule.session import PerfSession, Schedule
 
 
 class Suite:
@@ -55,8 +55,8 @@ class Suite:
         if self._planned is None:
             import os
 
-            from scaleguard.env import gpu_inventory
-            from scaleguard.matrix import plan
+            from scaleguard.machine.env import gpu_inventory
+            from scaleguard.schedule.matrix import plan
 
             try:
                 self._planned = plan(self.config.matrix, gpu_inventory(), os.cpu_count() or 1)
@@ -82,7 +82,7 @@ class Suite:
         return 900.0 if self.device == "cuda" else 300.0
 
     def schedule(self) -> Schedule:
-        from scaleguard.session import Schedule
+        from scaleguard.schedule.session import Schedule
 
         device = self.device
         confirm = self.config.confirm
@@ -98,7 +98,7 @@ class Suite:
         if not self.config.load_check:
             return None
         if self.config.foreign_limit is None:
-            from scaleguard.foreign_load import DEFAULT_LIMIT_CORES
+            from scaleguard.machine.foreign_load import DEFAULT_LIMIT_CORES
 
             return DEFAULT_LIMIT_CORES
         return self.config.foreign_limit
@@ -106,7 +106,7 @@ class Suite:
     def host(self) -> HostFingerprint:
         """This machine as the baseline key sees it, read once per session."""
         if self._host is None:
-            from scaleguard.env import host_fingerprint
+            from scaleguard.machine.env import host_fingerprint
 
             self._host = host_fingerprint()
         return self._host
@@ -114,7 +114,7 @@ class Suite:
     def hardware_key(self) -> str:
         """The one derivation of this session's baseline key (the file name, and the key the
         file must hold)."""
-        from scaleguard.baseline import host_hardware_key
+        from scaleguard.evidence.baseline import host_hardware_key
 
         spec = self.planned()[0].spec
         return host_hardware_key(self.host(), spec.device, spec.settings.threads_per_rank)
@@ -126,8 +126,8 @@ class Suite:
         unwritable one stops the session with the reason, before any case runs."""
         if self._baselines is not None:
             return self._baselines
-        from scaleguard import baseline
-        from scaleguard.ledger import BaselineContext
+        from scaleguard.evidence import baseline
+        from scaleguard.evidence.ledger import BaselineContext
 
         config = self.config
         spec = self.planned()[0].spec
@@ -181,12 +181,13 @@ class Suite:
         """The session's scheduler and ledger, made by the first perf case; the machine probe
         runs before it, so every run of the session carries how fast this machine is."""
         if self.session is None:
-            from scaleguard import foreign_load, runner
-            from scaleguard.launcher import Pools
-            from scaleguard.ledger import Ledger
-            from scaleguard.machine_probe import run_probe
-            from scaleguard.report import machine_line
-            from scaleguard.session import PerfSession
+            from scaleguard.evidence.ledger import Ledger
+            from scaleguard.machine import foreign_load
+            from scaleguard.machine.probe import run_probe
+            from scaleguard.ranks.launcher import Pools
+            from scaleguard.report.terminal import machine_line
+            from scaleguard.schedule import runner
+            from scaleguard.schedule.session import PerfSession
 
             limit = self.foreign_limit()
 
@@ -218,7 +219,7 @@ class Suite:
         if self._ab_sides is None:
             import sys
 
-            from scaleguard import ab
+            from scaleguard.schedule import ab
 
             try:
                 self._ab_sides = (
@@ -235,7 +236,7 @@ class Suite:
         if sides is None:
             return None
         if self.ab is None:
-            from scaleguard import ab, runner
+            from scaleguard.schedule import ab, runner
 
             device = self.device
             settings = self.config.thresholds
@@ -280,8 +281,8 @@ class Suite:
         path = self.history_path()
         if path is None or not any(ledger.completed for ledger in ledgers.values()):
             return None
-        from scaleguard.baseline import git_commit
-        from scaleguard.history import History, HistoryError
+        from scaleguard.evidence.baseline import git_commit
+        from scaleguard.history.database import History, HistoryError
 
         key = self.hardware_key()
         added = 0

@@ -20,9 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scaleguard import baseline, launcher, worker
 from scaleguard.cli import main as cli_main
-from scaleguard.records import FileFormatError, read_document
+from scaleguard.evidence import baseline
+from scaleguard.evidence.records import FileFormatError, read_document
+from scaleguard.ranks import launcher, worker
 from tests.conftest import tiny_spec
 from tests.unit.test_ingest import write_run
 from tests.unit.test_verdicts import case, spread_runs

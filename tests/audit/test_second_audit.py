@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard import ab, baseline, launcher, torchrun_entry, worker
 from scaleguard.cli import main as cli_main
-from scaleguard.records import FileFormatError, read_document
+from scaleguard.evidence import baseline
+from scaleguard.evidence.records import FileFormatError, read_document
+from scaleguard.ranks import launcher, worker
+from scaleguard.schedule import ab, torchrun_entry
 from tests.unit.test_ingest import write_run
 from tests.unit.test_verdicts import case, run, runs_of, spread_runs
 
@@ -370,7 +372,7 @@ def test_hardware_key_refuses_non_positive_threads(capsys: pytest.CaptureFixture
 
 
 def test_the_reader_refuses_a_file_past_the_cap_after_reading_the_cap_plus_one(tmp_path: Path) -> None:
-    from scaleguard import records
+    from scaleguard.evidence import records
 
     big = tmp_path / "big.json"
     with big.open("wb") as fh:

@@ -22,9 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard import ab, baseline, bisect, history, workload
+from scaleguard import workload
 from scaleguard.cli import main as cli_main
 from scaleguard.config import ConfigError, PerfConfig
+from scaleguard.evidence import baseline
+from scaleguard.history import database as history
+from scaleguard.schedule import ab, bisect
 from tests.unit.test_history import KEY, nights
 from tests.unit.test_verdicts import case, spread_runs
 
@@ -56,7 +59,7 @@ def _hostile_history(path: Path) -> Path:
 
 # 1 -----------------------------------------------------------------------------------------------
 def test_stored_markup_is_text_in_the_page_never_an_element(tmp_path: Path) -> None:
-    from scaleguard import history_page
+    from scaleguard.report import page as history_page
 
     db = _hostile_history(tmp_path / "h.sqlite")
     with history.History(db, readonly=True) as h:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from scaleguard.case import CaseSpec, RunSettings
-from scaleguard.faults import FAULT_ENV
-from scaleguard.launcher import CaseFailedError, run_case
+from scaleguard.ranks.faults import FAULT_ENV
+from scaleguard.ranks.launcher import CaseFailedError, run_case
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from scaleguard import runner
 from scaleguard.case import CaseSpec, RunSettings
-from scaleguard.faults import FAULT_ENV
-from scaleguard.launcher import CaseFailedError, Pools
-from scaleguard.matrix import MatrixOptions, plan
+from scaleguard.ranks.faults import FAULT_ENV
+from scaleguard.ranks.launcher import CaseFailedError, Pools
+from scaleguard.schedule import runner
+from scaleguard.schedule.matrix import MatrixOptions, plan
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -57,7 +57,7 @@ def free_gpu_bytes() -> int:
 
 
 def test_the_matrix_plans_shared_world_sizes_without_a_scaling_figure() -> None:
-    from scaleguard.env import GpuInventory
+    from scaleguard.machine.env import GpuInventory
 
     one = GpuInventory(1, ("NVIDIA H200",))
     planned = plan(MatrixOptions(world_sizes=(1, 2, 4), modes=("ddp", "fsdp"), shared_gpu=True), one, 16)

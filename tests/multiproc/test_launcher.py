@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.faults import FAULT_ENV
-from scaleguard.launcher import CaseFailedError, run_case
-from scaleguard.records import RunResult
+from scaleguard.evidence.records import RunResult
+from scaleguard.ranks.faults import FAULT_ENV
+from scaleguard.ranks.launcher import CaseFailedError, run_case
 from tests.conftest import tiny_spec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
@@ -163,8 +163,8 @@ def test_compile_mode_runs_through_the_same_loop(tmp_path: Path, process_tag: st
 def test_allreduce_case_times_the_collective_and_reports_bus_bandwidth(
     tmp_path: Path, process_tag: str
 ) -> None:
-    from scaleguard.evidence import CaseEvidence, RunRecord
-    from scaleguard.report import collective_notes
+    from scaleguard.evidence.runs import CaseEvidence, RunRecord
+    from scaleguard.report.terminal import collective_notes
 
     spec = tiny_spec(world_size=2, steps=5, model="allreduce_4m")
     ranks = run_case(spec, tmp_path, timeout_s=120)

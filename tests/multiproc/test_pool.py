@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from scaleguard.case import CaseSpec
-from scaleguard.faults import FAULT_ENV
-from scaleguard.launcher import CaseFailedError, Pools, run_case
-from scaleguard.records import RankResult
+from scaleguard.evidence.records import RankResult
+from scaleguard.ranks.faults import FAULT_ENV
+from scaleguard.ranks.launcher import CaseFailedError, Pools, run_case
 from tests.conftest import tagged_pids, tiny_spec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -143,7 +143,7 @@ def test_a_pool_left_open_does_not_hang_the_exit_and_leaves_no_process(
     script.write_text(
         "import sys\n"
         "from pathlib import Path\n"
-        "from scaleguard.launcher import Pools\n"
+        "from scaleguard.ranks.launcher import Pools\n"
         "from tests.conftest import tiny_spec\n"
         "if __name__ == '__main__':  # spawned ranks import this file again\n"
         "    pools = Pools(Path(sys.argv[1]))\n"

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 CASE = "transformer_tiny-ddp-ws2-fp32-strong"
 ENTRY = [
     "-m",
-    "scaleguard.torchrun_entry",
+    "scaleguard.schedule.torchrun_entry",
     "--case",
     CASE,
     "--device",

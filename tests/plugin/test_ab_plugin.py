@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.faults import FAULT_ENV
+from scaleguard.ranks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.timeout(500)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard import baseline
+from scaleguard.evidence import baseline
 from tests.unit.test_verdicts import case, spread_runs
 
 pytestmark = pytest.mark.timeout(300)

@@ -184,7 +184,7 @@ def test_a_probe_that_never_answers_is_stopped_at_its_deadline(
 ) -> None:
     import time
 
-    from scaleguard import bisect as bisect_module
+    from scaleguard.schedule import bisect as bisect_module
 
     monkeypatch.setattr(bisect_module, "INTERRUPT_GRACE_S", 5.0)
     monkeypatch.chdir(suite.path)

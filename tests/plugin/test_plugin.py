@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scaleguard.cli import main as cli_main
-from scaleguard.faults import FAULT_ENV
+from scaleguard.ranks.faults import FAULT_ENV
 from tests.conftest import TAG_ENV, tagged_pids
 
 pytestmark = pytest.mark.timeout(300)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.baseline import host_hardware_key
-from scaleguard.env import host_fingerprint
-from scaleguard.faults import FAULT_ENV
+from scaleguard.evidence.baseline import host_hardware_key
+from scaleguard.machine.env import host_fingerprint
+from scaleguard.ranks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.timeout(500)
 

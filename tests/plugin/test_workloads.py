@@ -122,7 +122,7 @@ def test_a_users_workload_through_torchrun_and_ingest(
     runner = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
     case = "tinymlp-ddp-ws2-fp32-strong"
     done = subprocess.run(
-        [*runner, "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "-m", "scaleguard.torchrun_entry",
+        [*runner, "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "-m", "scaleguard.schedule.torchrun_entry",
          "--case", case, "--device", "cpu", "--steps", "4", "--warmup", "2", "--threads-per-rank", "1",
          "--workloads", "teamperf.workloads:TinyMLP", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=240,

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaleguard import ab
-from scaleguard.ab import ABSchedule, ABSession, decide_pairs, paired_shift, probe
-from scaleguard.compare import Thresholds
-from scaleguard.launcher import CaseFailedError, Interpreter
+from scaleguard.evidence.verdict import Thresholds
+from scaleguard.ranks.launcher import CaseFailedError, Interpreter
+from scaleguard.schedule import ab
+from scaleguard.schedule.ab import ABSchedule, ABSession, decide_pairs, paired_shift, probe
 from tests.conftest import tiny_spec
 from tests.unit.test_session import result
 
@@ -109,7 +109,7 @@ def test_interpreters_that_cannot_be_a_side_are_named(tmp_path: Path) -> None:
 
 
 def test_paired_thresholds_are_tighter_on_cpu_only() -> None:
-    from scaleguard.compare import Thresholds
+    from scaleguard.evidence.verdict import Thresholds
 
     assert Thresholds.for_ab("cpu").step == 0.05 and Thresholds.for_device("cpu").step == 0.10
     assert Thresholds.for_ab("cuda") == Thresholds.for_device("cuda")
@@ -143,7 +143,7 @@ def test_a_memory_verdict_does_not_end_the_pairs_before_step_time_is_decided(tmp
 
 
 def test_each_metric_has_its_own_verdict() -> None:
-    from scaleguard.ab import metric_verdicts
+    from scaleguard.schedule.ab import metric_verdicts
 
     step = paired_shift(*pairs(8, 1.0, 0.01), relative=True)
     effs = paired_shift([0.9] * 8, [0.6, 0.61, 0.59, 0.6, 0.6, 0.62, 0.61, 0.6], relative=False)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from scaleguard.anatomy import Anatomy, OpTime, explain, summary
-from scaleguard.records import FileFormatError
+from scaleguard.evidence.anatomy import Anatomy, OpTime, explain, summary
+from scaleguard.evidence.records import FileFormatError
 
 
 def anatomy(comm: float = 0.5, backward: float = 10.0, mm: float = 4.0) -> Anatomy:
@@ -41,7 +41,7 @@ def test_slower_backward_names_backward_and_the_op_that_grew() -> None:
 def test_device_time_no_op_launched_is_a_row_of_its_own_and_named_when_material() -> None:
     from types import SimpleNamespace as Event
 
-    from scaleguard.anatomy import OUTSIDE_OPS, top_ops
+    from scaleguard.evidence.anatomy import OUTSIDE_OPS, top_ops
 
     def cpu(key: str, device_us: float) -> Event:
         return Event(key=key, count=1, self_device_time_total=device_us, device_type="DeviceType.CPU")
@@ -90,7 +90,7 @@ def test_round_trip_drops_nothing_and_reader_rejects_bad_fields() -> None:
 def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import torch
 
-    from scaleguard.anatomy import PhasedStep, measure
+    from scaleguard.evidence.anatomy import PhasedStep, measure
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")  # the trace's directory is a file: mkdir fails
@@ -170,7 +170,7 @@ def test_the_cuda_fields_round_trip_and_an_older_record_without_them_still_reads
 def test_device_side_annotations_are_not_counted_as_kernels() -> None:
     from types import SimpleNamespace as Event
 
-    from scaleguard.anatomy import device_busy_ms, top_ops
+    from scaleguard.evidence.anatomy import device_busy_ms, top_ops
 
     averages = [
         Event(key="aten::mm", count=1, self_device_time_total=3000.0, device_type="DeviceType.CPU"),
@@ -193,7 +193,7 @@ def test_device_side_annotations_are_not_counted_as_kernels() -> None:
 
 
 def test_an_older_cuda_record_loses_its_outside_row_which_counted_annotations() -> None:
-    from scaleguard.anatomy import OUTSIDE_OPS
+    from scaleguard.evidence.anatomy import OUTSIDE_OPS
 
     a = replace_ops(anatomy(), (OpTime(OUTSIDE_OPS, 1, 24.8), OpTime("aten::mm", 12, 24.3)))
     older = {k: v for k, v in a.to_dict().items() if k not in ("device_busy_ms", "host_ops")}

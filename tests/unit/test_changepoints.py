@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaleguard import history
-from scaleguard.changepoints import SeriesError, detect
+from scaleguard.history import database as history
+from scaleguard.history.changepoints import SeriesError, detect
 
 S1 = [1.02, 0.95, 0.99, 1.00, 1.12, 0.90, 0.50, 0.51, 0.48, 0.48, 0.55]
 S2 = [2.02, 2.03, 2.01, 2.04, 1.82, 1.85, 1.79, 1.81, 1.80, 1.76, 1.78]
@@ -126,7 +126,7 @@ def test_zeros_and_negatives_are_fine_on_the_linear_scale() -> None:
 
 
 def test_the_smallest_change_follows_the_device_and_case_thresholds() -> None:
-    from scaleguard.compare import ThresholdSettings
+    from scaleguard.evidence.verdict import ThresholdSettings
 
     assert history.min_magnitude_for("cpu-amd-epyc-1t", "m-ddp-ws1-fp32-strong") == pytest.approx(0.10)
     assert history.min_magnitude_for("cuda-nvidia-h200-x1", "m-ddp-ws1-fp32-strong") == pytest.approx(0.03)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard import baseline
 from scaleguard.cli import main as cli_main
+from scaleguard.evidence import baseline
 from tests.unit.test_verdicts import case, run, runs_of, spread_runs
 
 

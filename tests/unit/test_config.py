@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from scaleguard import cli
-from scaleguard.compare import Thresholds, ThresholdSettings
 from scaleguard.config import ConfigError, PerfConfig
+from scaleguard.evidence.verdict import Thresholds, ThresholdSettings
 
 
 def read(texts: dict[str, str] | None = None, flags: tuple[str, ...] = (), **lines: list[str]) -> PerfConfig:

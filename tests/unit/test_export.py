@@ -13,8 +13,10 @@ import jsonschema
 import pytest
 import yaml
 
-from scaleguard import baseline, export, history
 from scaleguard.cli import main as cli_main
+from scaleguard.evidence import baseline
+from scaleguard.history import database as history
+from scaleguard.history import export
 from tests.unit.test_history import KEY, nights
 
 # Bencher's BMF schema as published (https://bencher.dev/bmf.json, draft-07)

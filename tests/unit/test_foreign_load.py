@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from scaleguard import foreign_load
-from scaleguard.foreign_load import account, read_proc
+from scaleguard.machine import foreign_load
+from scaleguard.machine.foreign_load import account, read_proc
 
 TICKS = foreign_load._TICKS
 OWN = 100  # the pytest process

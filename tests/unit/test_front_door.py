@@ -12,8 +12,8 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["scaleguard.plugin", "scaleguard.config", "scaleguard.case", "scaleguard.evidence", "scaleguard.cli",
-     "scaleguard.history", "scaleguard.changepoints", "scaleguard.export", "scaleguard.report"],
+    ["scaleguard.plugin", "scaleguard.config", "scaleguard.case", "scaleguard.evidence.runs", "scaleguard.cli",
+     "scaleguard.history.database", "scaleguard.history.changepoints", "scaleguard.history.export", "scaleguard.report.terminal"],
 )  # fmt: skip
 def test_importing_the_front_door_does_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaleguard import baseline, history
 from scaleguard.cli import main as cli_main
+from scaleguard.evidence import baseline
+from scaleguard.history import database as history
 from tests.unit.test_verdicts import case, run
 
 KEY = "cpu-hist-1t"

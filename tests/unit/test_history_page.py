@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard import history
 from scaleguard.cli import main as cli_main
+from scaleguard.history import database as history
 from tests.unit.test_history import KEY, nights
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard import torchrun_entry
 from scaleguard.cli import main as cli_main
-from scaleguard.records import RankResult, RunResult, atomic_write_json
+from scaleguard.evidence.records import RankResult, RunResult, atomic_write_json
+from scaleguard.schedule import torchrun_entry
 from tests.conftest import tiny_spec
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from scaleguard import baseline
-from scaleguard.evidence import RunRecord
-from scaleguard.ledger import Ledger
-from scaleguard.machine_probe import MachineSpeed, run_probe
-from scaleguard.report import machine_line as _machine_line
+from scaleguard.evidence import baseline
+from scaleguard.evidence.ledger import Ledger
+from scaleguard.evidence.runs import RunRecord
+from scaleguard.machine.probe import MachineSpeed, run_probe
+from scaleguard.report.terminal import machine_line as _machine_line
 from tests.conftest import tiny_spec
 from tests.unit.test_session import result
 from tests.unit.test_verdicts import case, run
@@ -52,7 +52,7 @@ def test_a_probe_killed_mid_way_leaves_no_worker() -> None:
     import sys
     import time
 
-    from scaleguard.machine_probe import _CHILD
+    from scaleguard.machine.probe import _CHILD
 
     probe = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.DEVNULL)
 
@@ -89,7 +89,7 @@ def test_a_probe_killed_mid_way_leaves_no_worker() -> None:
 def test_the_per_core_sweep_is_kept_as_scalars_a_run_record_can_hold() -> None:
     """A run's ``machine`` record holds numbers only: a list there made the baseline's own
     write-back check refuse the file (seen on the H200: a whole recording lost)."""
-    from scaleguard.machine_probe import MachineSpeed
+    from scaleguard.machine.probe import MachineSpeed
 
     speed = MachineSpeed(15.4e6, 13.0, parallel_ops_per_s=2e8, cores=16,
                          core_ops_per_s=((0, 14.4e6), (5, 15.2e6), (15, 15.4e6)))  # fmt: skip

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from scaleguard import machine_state
+from scaleguard.machine import state as machine_state
 
 
 def fake_pynvml(reasons_mask: int) -> types.ModuleType:

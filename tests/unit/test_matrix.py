@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from scaleguard.case import CaseSpec
-from scaleguard.env import GpuInventory
-from scaleguard.faults import FaultSpec
-from scaleguard.matrix import MatrixOptions, default_world_sizes, describe, parse_world_sizes, plan
+from scaleguard.machine.env import GpuInventory
+from scaleguard.ranks.faults import FaultSpec
+from scaleguard.schedule.matrix import MatrixOptions, default_world_sizes, describe, parse_world_sizes, plan
 
 NO_GPU = GpuInventory(0, ())
 ONE_GPU = GpuInventory(1, ("NVIDIA H200",))
@@ -114,7 +114,7 @@ def test_allreduce_reference_is_one_ddp_case_per_world_size_above_one() -> None:
 
 
 def test_bus_bandwidth_follows_nccl_tests() -> None:
-    from scaleguard.collective import bus_bandwidth
+    from scaleguard.evidence.metrics import bus_bandwidth
 
     assert bus_bandwidth(2**30, 0.5, 2) == (2**31, 2**31)  # n=2: busbw = algbw
     algbw, busbw = bus_bandwidth(2**30, 0.5, 8)
@@ -124,7 +124,7 @@ def test_bus_bandwidth_follows_nccl_tests() -> None:
 
 
 def test_no_overlap_bound_from_gradient_bytes_and_bus_bandwidth() -> None:
-    from scaleguard.collective import no_overlap_bound
+    from scaleguard.evidence.metrics import no_overlap_bound
 
     # 1 GB of gradients at 1 GB/s busbw over 2 ranks: 1 s of all-reduce; a 1 s ideal step
     comm, bound = no_overlap_bound(10**9, 1e9, 2, per_rank_batch=16, ws1_samples_per_s=16.0)

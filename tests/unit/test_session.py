@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from scaleguard.case import CaseSpec
-from scaleguard.compare import Status, Thresholds
-from scaleguard.launcher import CaseFailedError
-from scaleguard.ledger import BaselineContext, Ledger
-from scaleguard.records import RankResult, RunResult
-from scaleguard.session import PerfSession, Schedule
+from scaleguard.evidence.ledger import BaselineContext, Ledger
+from scaleguard.evidence.records import RankResult, RunResult
+from scaleguard.evidence.verdict import Status, Thresholds
+from scaleguard.ranks.launcher import CaseFailedError
+from scaleguard.schedule.session import PerfSession, Schedule
 from tests.conftest import tiny_spec
 
 
@@ -58,7 +58,7 @@ def session(tmp_path: Path, fake: FakeLauncher, baseline_medians: dict[str, floa
             spec = SPECS[cid]
             for index in range(6):
                 seed.add(result(spec, median * (1 + 0.01 * (index % 3 - 1))), session=f"old{index % 3}")
-        from scaleguard.baseline import BaselineFile
+        from scaleguard.evidence.baseline import BaselineFile
 
         ctx.file = BaselineFile(ctx.path, "k", {}).merged([seed.evidence(cid) for cid in baseline_medians])
     sleeps: list[float] = []

@@ -8,8 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaleguard.records import FileFormatError, RankResult, RunResult, atomic_write_json, read_document
-from scaleguard.stats import StepSummary, median_ci_halfwidth, run_shift, slowest_rank_steps
+from scaleguard.evidence.records import (
+    FileFormatError,
+    RankResult,
+    RunResult,
+    atomic_write_json,
+    read_document,
+)
+from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth, run_shift, slowest_rank_steps
 from tests.conftest import tiny_spec
 
 
@@ -113,7 +119,7 @@ def test_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> 
 
 
 def test_phase_breakdown_adds_up_to_the_wall_time() -> None:
-    from scaleguard.records import phase_breakdown
+    from scaleguard.evidence.records import phase_breakdown
 
     rank = RankResult(
         "x", 0, (0.1,), (2.0, 0.1, 0.1), True, 0.5, 1, "host_max_rss", "cpu", {}, {},

@@ -1,4 +1,4 @@
-"""The steady-state test that ends warmup (scaleguard.steady), on scripted step times whose
+"""The steady-state test that ends warmup (scaleguard.evidence.steady), on scripted step times whose
 effects are far from the thresholds."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from scaleguard.records import RankResult, RunResult
-from scaleguard.steady import WarmupPolicy, theil_sen_slope
+from scaleguard.evidence.records import RankResult, RunResult
+from scaleguard.evidence.steady import WarmupPolicy, theil_sen_slope
 from tests.conftest import tiny_spec
 
 POLICY = WarmupPolicy(min_steps=3, max_steps=60, tolerance=0.03, window=6)

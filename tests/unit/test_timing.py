@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scaleguard.steady import WarmupPolicy
-from scaleguard.timing import MeasuredSteps, NonFiniteLossError, measure
+from scaleguard.evidence.steady import WarmupPolicy
+from scaleguard.ranks.timing import MeasuredSteps, NonFiniteLossError, measure
 
 
 class ScriptedClock:
@@ -97,7 +97,7 @@ def test_warmup_decision_uses_the_slowest_rank() -> None:
 
 
 def test_adaptive_sampling_pins_a_bimodal_median_with_more_steps() -> None:
-    from scaleguard.timing import Sampling
+    from scaleguard.ranks.timing import Sampling
 
     policy = WarmupPolicy(min_steps=2, max_steps=2)
     bimodal = [1.0, 1.0] + [1.0 if i % 2 else 1.4 for i in range(400)]  # host-launch-bound steps

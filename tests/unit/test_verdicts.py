@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from scaleguard.compare import Status, Thresholds, decide, thresholds_for
-from scaleguard.evidence import CaseEvidence, RunRecord
-from scaleguard.stats import StepSummary
+from scaleguard.evidence.runs import CaseEvidence, RunRecord
+from scaleguard.evidence.stats import StepSummary
+from scaleguard.evidence.verdict import Status, Thresholds, decide, thresholds_for
 
 CUDA = Thresholds.for_device("cuda")
 
@@ -176,8 +176,8 @@ def test_per_case_threshold_overrides() -> None:
 
 
 def test_new_cases_with_one_reason_are_said_once() -> None:
-    from scaleguard.compare import Verdict
-    from scaleguard.report import verdict_lines
+    from scaleguard.evidence.verdict import Verdict
+    from scaleguard.report.terminal import verdict_lines
 
     verdicts = [
         Verdict(
@@ -255,7 +255,7 @@ def test_runs_without_a_probe_are_judged_as_before() -> None:
 
 
 def test_the_session_says_once_that_cases_moved_with_the_machine() -> None:
-    from scaleguard.report import verdict_lines
+    from scaleguard.report.terminal import verdict_lines
 
     verdicts = [
         decide(case(_on(spread_runs(3, m, 0.005, seed=20 + i), 8e6)), case(MACHINE_BASE), CUDA)
@@ -272,7 +272,7 @@ def test_the_session_says_once_that_cases_moved_with_the_machine() -> None:
 def test_a_cpu_case_is_judged_by_the_all_cores_probe_a_gpu_case_by_the_one_core_probe() -> None:
     from dataclasses import replace
 
-    from scaleguard.compare import machine_diff
+    from scaleguard.evidence.verdict import machine_diff
 
     def probed(runs: list[RunRecord], one: float, every: float) -> list[RunRecord]:
         return [replace(r, machine={"python_ops_per_s": one, "parallel_ops_per_s": every}) for r in runs]
@@ -295,7 +295,7 @@ def _busy(runs: list[RunRecord], share: float) -> list[RunRecord]:
     """Runs whose anatomy found the GPU running kernels for ``share`` of the step."""
     from dataclasses import replace
 
-    from scaleguard.anatomy import Anatomy
+    from scaleguard.evidence.anatomy import Anatomy
 
     def anatomy(r: RunRecord) -> Anatomy:
         return Anatomy(

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from scaleguard.case import CaseSpec
-from scaleguard.env import GpuInventory
-from scaleguard.evidence import config_of
-from scaleguard.flops import _COUNTED, count_step_flops, peak_tflops
-from scaleguard.matrix import MatrixOptions, plan
-from scaleguard.models import BUILTINS
+from scaleguard.evidence.runs import config_of
+from scaleguard.machine.env import GpuInventory
+from scaleguard.schedule.matrix import MatrixOptions, plan
 from scaleguard.workload import Registry, Workload, WorkloadError, check
+from scaleguard.workloads.builtins import BUILTINS
+from scaleguard.workloads.flops import _COUNTED, count_step_flops, peak_tflops
 
 BASELINES = Path(__file__).parents[2] / "baselines"
 
@@ -120,7 +120,7 @@ def _cpu_spec(model: str) -> CaseSpec:
 
 @pytest.mark.parametrize("name", ["resnet18_cifar", "decoder_tiny"])
 def test_the_harness_counts_on_meta_what_a_real_forward_and_backward_computes(name: str) -> None:
-    from scaleguard.worker import _step_flops
+    from scaleguard.ranks.worker import _step_flops
 
     spec = _cpu_spec(name)
     workload = BUILTINS[name]
@@ -154,7 +154,7 @@ class _NeedsRealData(Workload):
 
 
 def test_a_workload_that_cannot_run_on_meta_is_counted_on_its_device() -> None:
-    from scaleguard.worker import _step_flops
+    from scaleguard.ranks.worker import _step_flops
 
     workload = _NeedsRealData()
     with pytest.raises(Exception):  # noqa: B017 - whatever meta raises, the harness falls back
@@ -170,7 +170,7 @@ def test_a_workload_that_cannot_run_on_meta_is_counted_on_its_device() -> None:
 
 
 def test_a_pooled_rank_counts_a_key_once_and_builds_nothing_the_second_time() -> None:
-    from scaleguard.worker import _step_flops
+    from scaleguard.ranks.worker import _step_flops
 
     spec = _cpu_spec("resnet18_cifar")
     workload = BUILTINS["resnet18_cifar"]

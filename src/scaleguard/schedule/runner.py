@@ -7,9 +7,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from scaleguard import foreign_load, launcher, machine_state
 from scaleguard.case import CaseSpec
-from scaleguard.records import RunResult, phase_breakdown
+from scaleguard.evidence.records import RunResult, phase_breakdown
+from scaleguard.machine import foreign_load
+from scaleguard.machine import state as machine_state
+from scaleguard.ranks import launcher
 
 
 def run_once(
@@ -34,7 +36,7 @@ def run_once(
     """
     gpus = spec.world_size if spec.device == "cuda" else 0
     if spec.settings.shared_gpu:  # ranks share the GPUs: watch the devices that exist
-        from scaleguard.env import gpu_inventory
+        from scaleguard.machine.env import gpu_inventory
 
         gpus = min(gpus, gpu_inventory().count)
     monitor = machine_state.CaseMonitor(gpus)

@@ -1,7 +1,7 @@
 """``scaleguard bisect PY_GOOD PY_2 ... PY_BAD -- perf/ -k CASE``: the first bad torch build.
 
 Given interpreters ordered oldest-good first and newest-bad last (one virtual environment per
-build), binary search with the paired A/B of ``scaleguard.ab`` at each probe, always against the
+build), binary search with the paired A/B of ``scaleguard.schedule.ab`` at each probe, always against the
 good end: a probe whose selected cases read REGRESSED is bad, one that reads SAME or IMPROVED is
 good. An INCONCLUSIVE probe is said and the search stops there, with the range still open: a
 build is never guessed. The bad end is probed first, so a regression that does not reproduce is
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaleguard import ab
+from scaleguard.schedule import ab
 
 PROBE_TIMEOUT_S = 7200.0  # one probe: an A/B session over the selected cases, pairs capped
 INTERRUPT_GRACE_S = 60.0  # after the SIGINT, for pytest to reap its ranks and write what it has

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaleguard.env import HostFingerprint, slug
-from scaleguard.evidence import CaseEvidence
-from scaleguard.records import Fields, FileFormatError, atomic_write_text, read_document
+from scaleguard.evidence.records import Fields, FileFormatError, atomic_write_text, read_document
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.machine.env import HostFingerprint, slug
 from scaleguard.schema import SCHEMA_VERSION
 
 _TOP_FIELDS = frozenset({"schema_version", "hardware_key", "hardware", "cases"})

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from scaleguard import baseline
-from scaleguard.baseline import BaselineFile
 from scaleguard.case import CaseSpec
-from scaleguard.compare import CaseRule, Status, Thresholds, Verdict, decide, thresholds_for
-from scaleguard.evidence import CaseEvidence, RunRecord, config_of
-from scaleguard.records import RunResult
+from scaleguard.evidence import baseline
+from scaleguard.evidence.baseline import BaselineFile
+from scaleguard.evidence.records import RunResult
+from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
+from scaleguard.evidence.verdict import CaseRule, Status, Thresholds, Verdict, decide, thresholds_for
 
 
 @dataclass
@@ -70,6 +70,18 @@ class BaselineContext:
 _RECORDABLE = (Status.OK, Status.NEW, Status.IMPROVED)
 
 
+@dataclass(frozen=True)
+class BaselineUpdate:
+    """The outcome of writing a session into its baseline: the report prints it, the CLI turns
+    ``refused`` into its exit code."""
+
+    path: Path
+    written: tuple[str, ...] = ()
+    left_out: tuple[tuple[str, str], ...] = ()  # (case id, why), sorted
+    restarted: frozenset[str] = frozenset()
+    refused: str | None = None  # why nothing was written: "interrupted" or the file's error
+
+
 class Ledger:
     """Runs of this session per case, their verdicts, and the baseline merge."""
 
@@ -83,7 +95,7 @@ class Ledger:
         self.failures: dict[str, str] = {}
         self.completed: set[str] = set()  # cases measured to the end (all scheduled runs)
         self._runs = 0
-        # the session's machine probe (scaleguard.machine_probe), stored with every run
+        # the session's machine probe (scaleguard.machine.probe), stored with every run
         self.machine: dict[str, Any] = {}
 
     def add(self, result: RunResult, session: str | None = None) -> RunRecord:
@@ -209,15 +221,20 @@ class Ledger:
             additions.append(evidence.with_runs(good))
         return additions, frozenset(restart), left_out
 
-    def update_baselines(self) -> tuple[Path, list[str], dict[str, str], frozenset[str]]:
-        """Merge this session's recordable cases into the baseline file under its lock.
-
-        Returns the path, the case ids written, those left out with the reason, and those whose
-        entry restarted at this session's level.
-        """
+    def update_baselines(self, interrupted: bool = False) -> BaselineUpdate:
+        """Merge this session's recordable cases into the baseline file under its lock, and say
+        what was written, what was left out and why, or why nothing was (an interrupted session,
+        a baseline file that cannot be used)."""
         ctx = self.baselines
         assert ctx is not None
+        if interrupted:
+            return BaselineUpdate(ctx.path, refused="interrupted")
         additions, restart, left_out = self.baseline_additions()
-        if additions:
-            baseline.update(ctx.path, ctx.hardware_key, ctx.hardware, additions, restart, ctx.keep_runs)
-        return ctx.path, [a.case_id for a in additions], left_out, restart
+        try:
+            if additions:
+                baseline.update(ctx.path, ctx.hardware_key, ctx.hardware, additions, restart, ctx.keep_runs)
+        except baseline.BaselineError as exc:
+            return BaselineUpdate(ctx.path, refused=str(exc))
+        return BaselineUpdate(
+            ctx.path, tuple(a.case_id for a in additions), tuple(sorted(left_out.items())), restart
+        )

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scaleguard import runner
 from scaleguard.case import CaseSpec
-from scaleguard.compare import Status, Verdict
-from scaleguard.launcher import CaseFailedError
-from scaleguard.ledger import Ledger
-from scaleguard.records import RunResult
+from scaleguard.evidence.ledger import Ledger
+from scaleguard.evidence.records import RunResult
+from scaleguard.evidence.verdict import Status, Verdict
+from scaleguard.ranks.launcher import CaseFailedError
+from scaleguard.schedule import runner
 
 RunFn = Callable[[CaseSpec, Path, float], RunResult]
 

@@ -30,17 +30,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaleguard import anatomy, timing
-from scaleguard.anatomy import PHASES, PhasedStep
 from scaleguard.case import CaseSpec
-from scaleguard.collective import build_allreduce_step
-from scaleguard.env import cpu_model, runtime_versions
-from scaleguard.faults import FaultSpec
-from scaleguard.flops import count_step_flops, counted
-from scaleguard.models import Batch, synthetic_batches
-from scaleguard.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
-from scaleguard.steady import WarmupPolicy
-from scaleguard.workload import Workload, resolve
+from scaleguard.evidence import anatomy
+from scaleguard.evidence.anatomy import PHASES, PhasedStep
+from scaleguard.evidence.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
+from scaleguard.evidence.steady import WarmupPolicy
+from scaleguard.machine.env import cpu_model, runtime_versions
+from scaleguard.ranks import timing
+from scaleguard.ranks.collective import build_allreduce_step
+from scaleguard.ranks.faults import FaultSpec
+from scaleguard.workloads.builtins import Batch, synthetic_batches
+from scaleguard.workloads.contract import Workload
+from scaleguard.workloads.flops import count_step_flops, counted
+from scaleguard.workloads.registry import resolve
 
 _PR_SET_PDEATHSIG = 1
 ANATOMY_PHASE = "step anatomy"  # the status while it runs: the parent reads it (launcher)
@@ -603,7 +605,7 @@ def _release(spec: CaseSpec) -> None:
 
 def _write_case(spec: CaseSpec, mine: RankResult, out: Path, run_id: str) -> None:
     """Rank 0 writes the whole run (all ranks folded), for ``scaleguard ingest``."""
-    from scaleguard.records import RunResult
+    from scaleguard.evidence.records import RunResult
 
     ranks = [mine.to_dict()]
     if spec.is_distributed:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scaleguard.compare import Verdict
-from scaleguard.env import HostFingerprint
-from scaleguard.evidence import CaseEvidence, RunRecord, config_of
-from scaleguard.records import Fields, FileFormatError, RunResult, content_id, read_document
-from scaleguard.stats import StepSummary
+from scaleguard.evidence.records import Fields, FileFormatError, RunResult, content_id, read_document
+from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
+from scaleguard.evidence.stats import StepSummary
+from scaleguard.evidence.verdict import Verdict
+from scaleguard.machine.env import HostFingerprint
 
 MODE_LABEL = "scaleguard: steps timed inside worker processes"
 
@@ -28,7 +28,7 @@ def extra_info(
     verdict: Verdict | None,
     peak_tflops: float | None = None,
 ) -> dict[str, Any]:
-    from scaleguard.report import throughput
+    from scaleguard.evidence.metrics import throughput
 
     last = results[-1]
     spec = last.spec
@@ -133,7 +133,7 @@ def read_saved_run(path: Path, data: dict[str, Any]) -> tuple[str | None, dict[s
     key: str | None = None
     if isinstance(machine.data.get("scaleguard"), dict) and machine.data["scaleguard"]:
         ours = machine.obj("scaleguard")
-        from scaleguard.baseline import check_key, hardware_key
+        from scaleguard.evidence.baseline import check_key, hardware_key
 
         if ours.data.get("hardware_key") is not None:
             key = check_key(str(ours.string("hardware_key")), f"{ours.where}.hardware_key")
@@ -209,7 +209,7 @@ def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label
 
     from pytest_benchmark.stats import Stats
 
-    from scaleguard.records import atomic_write_json
+    from scaleguard.evidence.records import atomic_write_json
 
     benchmarks = []
     for case_id in ledger.completed:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
 
 if TYPE_CHECKING:
-    from scaleguard.env import GpuInventory
+    from scaleguard.machine.env import GpuInventory
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     profile = options.profile if options.profile != "auto" else ("full" if device == "cuda" else "smoke")
     # the workloads (torch) only when a plan is made: the options and their parsers above are
     # read at every pytest start, `pytest --help` included, and must not import torch
-    from scaleguard.models import DEFAULT_MODELS
-    from scaleguard.workload import Registry
+    from scaleguard.workloads.builtins import DEFAULT_MODELS
+    from scaleguard.workloads.registry import Registry
 
     registry = Registry(options.workloads)  # WorkloadError (a ValueError) names a bad one
     # a team that names its own workloads wants them measured; built-ins by --perf-models
@@ -219,7 +219,7 @@ def _skip_reason(spec: CaseSpec, gpus: GpuInventory, cpu_count: int) -> str | No
             f"needs {spec.world_size} ranks x {spec.settings.threads_per_rank} threads, "
             f"{cpu_count} CPU cores: it would measure oversubscription, not scaling"
         )
-    from scaleguard.models import BUILTINS
+    from scaleguard.workloads.builtins import BUILTINS
 
     mdef = BUILTINS.get(spec.model)
     if (mdef is None or not mdef.is_collective) and (

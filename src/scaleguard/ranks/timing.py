@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from scaleguard.steady import WarmupPolicy
+from scaleguard.evidence.steady import WarmupPolicy
 
 
 class NonFiniteLossError(RuntimeError):
@@ -180,6 +180,6 @@ def _wants_more(
     rank (the widest interval of any rank decides)."""
     if sampling.target_ci <= 0 or len(step_s) >= sampling.max_steps or elapsed_s >= sampling.max_seconds:
         return False
-    from scaleguard.stats import median_ci_halfwidth
+    from scaleguard.evidence.stats import median_ci_halfwidth
 
     return agree_max(median_ci_halfwidth(step_s)) > sampling.target_ci

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scaleguard.evidence import CaseEvidence
-from scaleguard.history import HistoryRow
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.history.database import HistoryRow
 
 BMF_NAME_MAX = 1024  # Bencher: a benchmark name of at most 1024 characters
 

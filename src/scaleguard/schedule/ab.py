@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from scaleguard import runner
 from scaleguard.case import CaseSpec
-from scaleguard.compare import Thresholds
-from scaleguard.launcher import CaseFailedError, Interpreter
-from scaleguard.ledger import Ledger
-from scaleguard.records import ID_PATTERN, RunResult
+from scaleguard.evidence.ledger import Ledger
+from scaleguard.evidence.records import ID_PATTERN, RunResult
+from scaleguard.evidence.verdict import Thresholds
+from scaleguard.ranks.launcher import CaseFailedError, Interpreter
+from scaleguard.schedule import runner
 
 MAX_DROPPED = 2  # failed pairs before the case itself fails
 _PROBE = """
@@ -45,7 +45,7 @@ except Exception as e:
     print(json.dumps({"missing": "torch", "error": repr(e)}))
     sys.exit(0)
 try:
-    import scaleguard.worker
+    import scaleguard.ranks.worker
 except Exception as e:
     print(json.dumps({"missing": "scaleguard", "error": repr(e)}))
     sys.exit(0)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from scaleguard import anatomy
-from scaleguard.evidence import CaseEvidence
-from scaleguard.stats import Shift, run_shift
+from scaleguard.evidence import anatomy
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.evidence.stats import Shift, run_shift
 
 
 class Status(str, Enum):

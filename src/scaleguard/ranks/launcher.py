@@ -21,9 +21,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from scaleguard import faults, worker
 from scaleguard.case import CaseSpec
-from scaleguard.records import FileFormatError, RankFailure, RankResult, read_document
+from scaleguard.evidence.records import FileFormatError, RankFailure, RankResult, read_document
+from scaleguard.ranks import faults, worker
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
 ANATOMY_GRACE_S = 30.0  # for peers of a rank lost in the step anatomy to finish or fail

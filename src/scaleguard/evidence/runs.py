@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from scaleguard.anatomy import Anatomy
-from scaleguard.records import Fields, RunResult, content_id
-from scaleguard.stats import StepSummary, median_ci_halfwidth
+from scaleguard.evidence.anatomy import Anatomy
+from scaleguard.evidence.records import Fields, RunResult, content_id
+from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth
 
 
 def utc_now() -> str:
@@ -71,9 +71,9 @@ class RunRecord:
     host: dict[str, Any] = field(default_factory=dict)  # foreign CPU/GPU load during the steps
     wall_s: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall time went
-    anatomy: Anatomy | None = None  # where a step's time went (scaleguard.anatomy)
+    anatomy: Anatomy | None = None  # where a step's time went (scaleguard.evidence.anatomy)
     process_runs_before: int = 0  # runs its processes made before it (0: fresh processes)
-    flops_per_step: float = 0.0  # one process's training FLOPs per step (scaleguard.flops)
+    flops_per_step: float = 0.0  # one process's training FLOPs per step (scaleguard.workloads.flops)
     machine: dict[str, Any] = field(default_factory=dict)  # the session's machine probe
 
     @property
@@ -224,7 +224,7 @@ class CaseEvidence:
 
     def tflops_per_gpu(self) -> float:
         """Achieved training TFLOPS per GPU (per process on CPU) at the case's step time."""
-        from scaleguard.flops import achieved
+        from scaleguard.workloads.flops import achieved
 
         mode = str(self.config.get("mode"))
         nprocs = self.world_size if mode in ("ddp", "fsdp", "compile") else 1

@@ -18,8 +18,8 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from scaleguard import history
-from scaleguard.compare import ThresholdSettings
+from scaleguard.evidence.verdict import ThresholdSettings
+from scaleguard.history import database as history
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -189,6 +189,6 @@ def _scaling_curves(rows: Sequence[history.HistoryRow]) -> list[str]:
 
 
 def write(path: Path, rows: Sequence[history.HistoryRow], settings: ThresholdSettings | None = None) -> None:
-    from scaleguard.records import atomic_write_text
+    from scaleguard.evidence.records import atomic_write_text
 
     atomic_write_text(path, render(rows, settings=settings))

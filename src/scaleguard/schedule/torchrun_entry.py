@@ -1,7 +1,7 @@
 """Run one case under ``torchrun`` (one or many nodes); rank 0 writes the case record.
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \\
-        -m scaleguard.torchrun_entry --case resnet50-ddp-ws16-bf16-strong --out results/
+        -m scaleguard.schedule.torchrun_entry --case resnet50-ddp-ws16-bf16-strong --out results/
 
 then, on the node that holds ``results/``: ``scaleguard ingest results/*.case.json``. The case
 is the same ``CaseSpec`` the pytest suite builds (same matrix, same id), so its numbers land in
@@ -23,16 +23,16 @@ import time
 import uuid
 from pathlib import Path
 
-from scaleguard import worker
 from scaleguard.case import MODES
-from scaleguard.env import gpu_inventory
-from scaleguard.matrix import MatrixOptions, plan
-from scaleguard.records import Fields, FileFormatError, RunResult, atomic_write_json, read_document
+from scaleguard.evidence.records import Fields, FileFormatError, RunResult, atomic_write_json, read_document
+from scaleguard.machine.env import gpu_inventory
+from scaleguard.ranks import worker
+from scaleguard.schedule.matrix import MatrixOptions, plan
 from scaleguard.schema import SCHEMA_VERSION
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scaleguard.torchrun_entry")
+    parser = argparse.ArgumentParser(prog="python -m scaleguard.schedule.torchrun_entry")
     parser.add_argument("--case", required=True, help="case id, e.g. resnet50-ddp-ws16-bf16-strong")
     parser.add_argument("--out", required=True, type=Path, help="directory for the case record")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     except KeyError as exc:
         print(
-            f"scaleguard.torchrun_entry: {exc} is not set: start this module with torchrun", file=sys.stderr
+            f"scaleguard.schedule.torchrun_entry: {exc} is not set: start this module with torchrun",
+            file=sys.stderr,
         )
         return 2
     threads = args.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
@@ -68,11 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         planned = plan(options, gpus, (os.cpu_count() or 1) * world // local_world)
     except ValueError as exc:  # a workload that does not import, an unknown model
-        print(f"scaleguard.torchrun_entry: {exc}", file=sys.stderr)
+        print(f"scaleguard.schedule.torchrun_entry: {exc}", file=sys.stderr)
         return 2
     matches = [p for p in planned if p.spec.case_id == args.case]
     if not matches:
-        print(f"scaleguard.torchrun_entry: no case {args.case!r} at world size {world}", file=sys.stderr)
+        print(
+            f"scaleguard.schedule.torchrun_entry: no case {args.case!r} at world size {world}",
+            file=sys.stderr,
+        )
         return 2
     spec = matches[0].spec
     if spec.device == "cuda" and local_world > gpus.count:
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
     if rank == 0:
         run_id = _start_marker(args.out, spec.case_id, run_id)
-    from scaleguard import faults
+    from scaleguard.ranks import faults
 
     job = worker.Job(
         spec, tuple(worker.RankFiles.in_dir(run_dir, r) for r in range(world)), faults.requested()
@@ -130,7 +134,7 @@ def _start_marker(out: Path, case_id: str, job_id: str) -> str:
 
 def read_finished_record(path: Path) -> RunResult:
     """A run record that its own, finished run wrote; anything else is a clear error."""
-    fix = "run the case again with torchrun ... -m scaleguard.torchrun_entry"
+    fix = "run the case again with torchrun ... -m scaleguard.schedule.torchrun_entry"
     data = read_document(path, "torchrun record", fix)
     result = RunResult.from_dict(data, f"torchrun record {path}")
     marker = marker_path(path.parent, result.spec.case_id)

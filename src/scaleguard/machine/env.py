@@ -113,7 +113,10 @@ def runtime_versions(with_names: bool = False) -> dict[str, Any]:
     return info
 
 
-_PROBE = "import json; from scaleguard.env import runtime_versions; print(json.dumps(runtime_versions(True)))"
+_PROBE = (
+    "import json; from scaleguard.machine.env import runtime_versions; "
+    "print(json.dumps(runtime_versions(True)))"
+)
 
 
 @functools.cache

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from scaleguard import anatomy
 from scaleguard.case import CaseSpec
-from scaleguard.compare import Status, Verdict
-from scaleguard.evidence import CaseEvidence
+from scaleguard.evidence import anatomy, metrics
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.evidence.verdict import Status, Verdict
 
 if TYPE_CHECKING:
-    from scaleguard.ledger import Ledger
+    from scaleguard.evidence.ledger import BaselineUpdate, Ledger
 
 Rows = Sequence[tuple[CaseEvidence, Verdict]]
 
@@ -37,37 +37,6 @@ def fmt_bytes(count: float) -> str:
 def fmt_spread(evidence: CaseEvidence) -> str:
     spread = evidence.run_spread()
     return "-" if spread is None else f"{spread:.1%}"
-
-
-def throughput(spec: CaseSpec, evidence: CaseEvidence, device_name: str,
-               peak_override: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """What people compare: samples/s, tokens/s per GPU, achieved TFLOPS per GPU and MFU
-    (None where the peak of the device is unknown: never guessed)."""
-    from scaleguard.flops import peak_tflops
-    from scaleguard.workload import WorkloadError, resolve
-
-    try:
-        workload = resolve(spec.model, spec.workload)
-        tokens, sample, source = workload.tokens_per_sample, workload.sample, workload.flops_source()
-    except (WorkloadError, ValueError):  # a record of a workload not importable here
-        tokens, sample, source = 0, "samples", "FlopCounterMode"
-    tflops = evidence.tflops_per_gpu()
-    peak = (
-        peak_tflops(device_name, spec.precision, peak_override)
-        if spec.device == "cuda" or peak_override
-        else None
-    )
-    return {
-        "sample": sample,
-        "samples_per_s": evidence.samples_per_s(),
-        "tokens_per_sample": tokens,
-        "tokens_per_s_per_gpu": evidence.samples_per_s() * tokens / spec.world_size if tokens else None,
-        "flops_per_step": evidence.flops_per_step() or None,
-        "flops_source": source,
-        "tflops_per_gpu": tflops or None,
-        "peak_tflops": peak,
-        "mfu": tflops / peak if peak and tflops else None,
-    }
 
 
 def throughput_note(spec: CaseSpec, rates: dict[str, Any]) -> str | None:
@@ -142,7 +111,7 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
                 notes += [f"ws{spec.world_size}: {note}" for note in result.notes]
             notes += collective_notes(spec, evidence)
             notes += bandwidth_bound_notes(ledger, spec, evidence)
-            note = throughput_note(spec, throughput(spec, evidence, device_name, peak_override))
+            note = throughput_note(spec, metrics.throughput(spec, evidence, device_name, peak_override))
             notes += [note] if note else []
             anatomies = [r.anatomy for r in runs if r.anatomy]
             if anatomies:
@@ -156,51 +125,26 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
 
 def collective_notes(spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
     """For an all-reduce case: the bandwidth its median step means (nccl-tests' busbw)."""
-    # the built-in workloads import torch: only here, never when the CLI or the plugin loads
-    from scaleguard.collective import bus_bandwidth
-    from scaleguard.models import BUILTINS
-
-    mdef = BUILTINS.get(spec.model)
-    if mdef is None or not mdef.is_collective or not evidence.runs:
+    figures = metrics.collective_bandwidth(spec, evidence)
+    if figures is None:
         return []
-    algbw, busbw = bus_bandwidth(mdef.message_bytes, evidence.median_s(), spec.world_size)
+    message_bytes, algbw, busbw = figures
     return [
-        f"ws{spec.world_size}: {fmt_bytes(mdef.message_bytes)} all-reduce: algbw {algbw / 1e9:.2f} GB/s, "
+        f"ws{spec.world_size}: {fmt_bytes(message_bytes)} all-reduce: algbw {algbw / 1e9:.2f} GB/s, "
         f"busbw {busbw / 1e9:.2f} GB/s (busbw = algbw x 2(n-1)/n, as nccl-tests)"
     ]
 
 
 def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence) -> list[str]:
-    """For a DDP case at world size > 1: what its gradients cost at the bus bandwidth this
-    session's all-reduce case measured at the same world size, and the efficiency that
-    allows without overlap, beside the measured efficiency."""
-    from scaleguard.collective import bus_bandwidth, no_overlap_bound
-    from scaleguard.models import BUILTINS
-
-    grads = [r.anatomy.grad_bytes for r in evidence.runs if r.anatomy and r.anatomy.grad_bytes]
-    reference = ledger.ws1_samples_per_s(spec.group_id)
-    effs = evidence.efficiencies()
-    if spec.world_size < 2 or spec.mode != "ddp" or not grads or reference is None or not effs:
+    """For a DDP case at world size > 1: the efficiency its gradients allow without overlap at
+    the bus bandwidth this session's all-reduce case measured, beside the measured efficiency."""
+    bound = metrics.bandwidth_bound(ledger, spec, evidence)
+    if bound is None:
         return []
-    references = [
-        (abs(BUILTINS[s.model].message_bytes - 25 * 2**20), s)  # nearest DDP's 25 MiB buckets
-        for cid, s in ledger.specs.items()
-        if s.model in BUILTINS
-        and BUILTINS[s.model].is_collective
-        and s.world_size == spec.world_size
-        and s.device == spec.device
-        and ledger.records.get(cid)
-    ]
-    if not references:
-        return []
-    _, ref = min(references, key=lambda pair: pair[0])
-    ref_ev = ledger.evidence(ref.case_id)
-    _, busbw = bus_bandwidth(BUILTINS[ref.model].message_bytes, ref_ev.median_s(), ref.world_size)
-    comm, bound = no_overlap_bound(grads[-1], busbw, spec.world_size, spec.per_rank_batch, reference)
     return [
-        f"ws{spec.world_size}: efficiency {sum(effs) / len(effs):.2f}; {fmt_bytes(grads[-1])} of gradients "
-        f"at {ref.model}'s busbw {busbw / 1e9:.2f} GB/s take {comm * 1e3:.1f} ms/step: "
-        f"{bound:.2f} if none of it overlapped"
+        f"ws{spec.world_size}: efficiency {bound.efficiency:.2f}; {fmt_bytes(bound.grad_bytes)} of gradients "
+        f"at {bound.reference_model}'s busbw {bound.busbw / 1e9:.2f} GB/s take {bound.comm_s * 1e3:.1f} "
+        f"ms/step: {bound.bound:.2f} if none of it overlapped"
     ]
 
 
@@ -290,19 +234,17 @@ def disturbance_lines(ledger: Ledger) -> list[str]:
     return lines
 
 
-def baseline_update_lines(ledger: Ledger, interrupted: bool) -> list[str]:
-    """Write the session's recordable cases into the baseline, and say what happened."""
-    from scaleguard.baseline import BaselineError
-
-    if interrupted:
+def baseline_update_lines(update: BaselineUpdate) -> list[str]:
+    """What a baseline update wrote, left out or refused."""
+    if update.refused == "interrupted":
         return ["scaleguard: interrupted: baselines not updated"]
-    try:
-        path, written, left_out, restarted = ledger.update_baselines()
-    except BaselineError as exc:
-        return [f"scaleguard: baselines not updated: {exc}"]
-    lines = [f"scaleguard: baseline {path}: {len(written)} cases recorded"]
-    lines += [f"scaleguard:   {cid}: entry restarted at this session's level" for cid in sorted(restarted)]
-    lines += [f"scaleguard:   not recorded: {cid}: {why}" for cid, why in sorted(left_out.items())]
+    if update.refused is not None:
+        return [f"scaleguard: baselines not updated: {update.refused}"]
+    lines = [f"scaleguard: baseline {update.path}: {len(update.written)} cases recorded"]
+    lines += [
+        f"scaleguard:   {cid}: entry restarted at this session's level" for cid in sorted(update.restarted)
+    ]
+    lines += [f"scaleguard:   not recorded: {cid}: {why}" for cid, why in update.left_out]
     return lines
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from scaleguard.workload import Batch, Workload
+from scaleguard.workloads.contract import Batch, Workload
 
 __all__ = ["BUILTINS", "DEFAULT_MODELS", "Batch", "ModelDef", "get_model_def", "synthetic_batches"]
 
@@ -211,7 +211,7 @@ class DecoderWorkload(_TokenWorkload):
 
 
 class Collective(Workload):
-    """One all-reduce of ``message_bytes`` per step (scaleguard.collective): no model. One
+    """One all-reduce of ``message_bytes`` per step (scaleguard.ranks.collective): no model. One
     all-reduce is the "sample", so samples/s reads as all-reduces per second."""
 
     modes = ("ddp",)
@@ -294,7 +294,7 @@ DEFAULT_MODELS: dict[str, tuple[str, ...]] = {
 
 
 def get_model_def(name: str) -> Workload:
-    """A built-in workload by name (a user's: ``scaleguard.workload.Registry``)."""
+    """A built-in workload by name (a user's: ``scaleguard.workloads.registry.Registry``)."""
     try:
         return BUILTINS[name]
     except KeyError:

@@ -10,7 +10,7 @@ the verdict of its case in that session. Writers serialise on SQLite's own write
 (``BEGIN IMMEDIATE`` under a busy deadline) in WAL mode; each append is one transaction, so an
 interrupted session leaves the file as it was before that append, or with all of it.
 
-Change points: ``scaleguard.changepoints`` (pure statistics) over each case's nights, with the
+Change points: ``scaleguard.history.changepoints`` (pure statistics) over each case's nights, with the
 case's own step threshold as the smallest change worth one (``min_magnitude_for``).
 """
 
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from scaleguard.changepoints import detect
-from scaleguard.compare import ThresholdSettings
-from scaleguard.evidence import CaseEvidence
-from scaleguard.records import ID_PATTERN as CASE_ID
-from scaleguard.records import MAX_STEP_S
+from scaleguard.evidence.records import ID_PATTERN as CASE_ID
+from scaleguard.evidence.records import MAX_STEP_S
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.evidence.verdict import ThresholdSettings
+from scaleguard.history.changepoints import detect
 
 SCHEMA = 1  # PRAGMA user_version; migrations below take older files forward
 LOCK_TIMEOUT_S = 60.0
@@ -433,7 +433,7 @@ def change_points(
     min_size: int = 3,
 ) -> list[ChangePoint]:
     """Where the level of ``values`` (positive: step times) changed, in order
-    (``scaleguard.changepoints.detect``; SeriesError, a ValueError, for a series it refuses)."""
+    (``scaleguard.history.changepoints.detect``; SeriesError, a ValueError, for a series it refuses)."""
     return [
         ChangePoint(s.index, s.change, s.p_value) for s in detect(values, max_pvalue, min_magnitude, min_size)
     ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaleguard.records import MAX_STEP_S, Fields
+from scaleguard.evidence.records import MAX_STEP_S, Fields
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the boundaries of one phased step
 CATEGORIES = (*PHASES, "exposed communication")
@@ -128,7 +128,7 @@ class PhasedStep:
     phases: Callable[[bool], dict[str, float]]
     can_skip_sync: bool
     grad_bytes: int = 0
-    flops_per_step: float = 0.0  # this process's training FLOPs per step (scaleguard.flops)
+    flops_per_step: float = 0.0  # this process's training FLOPs per step (scaleguard.workloads.flops)
 
 
 def measure(
