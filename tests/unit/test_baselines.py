@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.evidence import baseline, document, records
+from scaleguard.evidence import baseline, document
 from scaleguard.evidence.baseline import BaselineError, BaselineFile
 from tests.unit.test_verdicts import case, runs_of
 

@@ -142,7 +142,10 @@ def test_every_subpackage_says_what_it_owns() -> None:
 @pytest.mark.parametrize(
     ("g", "expected"),
     [
-        ({"scaleguard.a": {"scaleguard.b"}, "scaleguard.b": {"scaleguard.a"}}, [["scaleguard.a", "scaleguard.b"]]),
+        (
+            {"scaleguard.a": {"scaleguard.b"}, "scaleguard.b": {"scaleguard.a"}},
+            [["scaleguard.a", "scaleguard.b"]],
+        ),
         ({"scaleguard.a": {"scaleguard.b"}, "scaleguard.b": set()}, []),
     ],
 )
