@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from scaleguard import options
 from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence import baseline, benchmark_io
 from scaleguard.evidence.baseline import BaselineError
@@ -436,16 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument(
         "files", nargs="+", type=Path, help="*.case.json from scaleguard.schedule.torchrun_entry"
     )
-    ing.add_argument("--baselines", type=Path, default=Path("baselines"))
     ing.add_argument("--hardware-key", help="default: cuda-<gpu>-x<largest world size> / cpu-<cpu>-<n>t")
-    ing.add_argument("--baseline-torch", help="compare with this torch version's entries")
-    ing.add_argument("--update-baselines", action="store_true")
-    ing.add_argument("--history", type=Path, help="also append the runs to this history database")
-    for command in (cmp, ing):
-        for name in ("step", "efficiency", "memory"):
-            command.add_argument(
-                f"--threshold-{name}", help="default: the suite's for the runs' device (README)"
-            )
+    # the flags shared with the suite, from the one option table
+    options.add_cli_options(cmp, "compare")
+    options.add_cli_options(
+        ing, "ingest", types={"baselines": Path, "history": Path}, defaults={"baselines": Path("baselines")}
+    )
     abp = sub.add_parser(
         "ab",
         help="paired A/B of two Python installs; other arguments go to pytest (default: perf/)",
@@ -453,14 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
         "AB/BA order balanced and shuffled) and judge per-pair ratios. Arguments not listed here "
         "(-k, --perf-*) are passed to pytest.",
     )
-    abp.add_argument("--a", required=True, help="Python of side A (a venv with torch and scaleguard)")
-    abp.add_argument("--b", required=True, help="Python of side B")
-    abp.add_argument("--a-env", action="append", metavar="KEY=VALUE", help="environment for A's ranks only")
-    abp.add_argument("--b-env", action="append", metavar="KEY=VALUE", help="environment for B's ranks only")
-    abp.add_argument("--pairs", type=int, help="most pairs per case (default 10 cpu, 6 cuda)")
-    abp.add_argument("--markdown", type=Path, help="write a markdown report here")
-    abp.add_argument("--plot", type=Path, help="write a PNG plot here")
-    abp.add_argument("--save-dir", type=Path, help="write A.json and B.json (pytest-benchmark format) here")
+    options.add_cli_options(
+        abp,
+        "ab",
+        types={"ab-pairs": int, "ab-markdown": Path, "ab-plot": Path, "ab-save": Path},
+        required=("ab-a", "ab-b"),
+    )
     hist = sub.add_parser(
         "history",
         help="the last nights of each case and their change points; `history import FILES` loads saved runs",

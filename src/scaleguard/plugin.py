@@ -10,114 +10,11 @@ from typing import Any
 
 import pytest
 
+from scaleguard import options
 from scaleguard.case import CaseSpec
 from scaleguard.config import ConfigError, PerfConfig
+from scaleguard.evidence.verdict import Status
 from scaleguard.suite import Suite
-
-# name, help, choices (None: free text)
-_OPTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
-    (
-        "device",
-        "where cases run: auto (cuda if visible, else cpu), cpu (gloo) or cuda (nccl)",
-        ("auto", "cpu", "cuda"),
-    ),
-    (
-        "profile",
-        "model sizes: smoke (CPU-sized) or full; auto picks full on cuda, smoke on cpu",
-        ("auto", "smoke", "full"),
-    ),
-    (
-        "world-sizes",
-        "comma list of world sizes (default cpu: 1,2; cuda: 1,2,4,... up to the GPU count)",
-        None,
-    ),
-    ("modes", "comma list of single,dp,ddp,fsdp,compile (default single,dp,ddp)", None),
-    ("models", "comma list of models (default: the profile's, or the --perf-workloads ones)", None),
-    (
-        "workloads",
-        "your own workloads, comma list of package.module:attribute (a scaleguard.workload.Workload, "
-        "its class, or a list of them); installed packages register theirs under the entry-point "
-        "group scaleguard.workloads",
-        None,
-    ),
-    (
-        "peak-tflops",
-        "the device's dense peak TFLOPS for MFU (default: a table by GPU name and precision; unknown on CPU)",
-        None,
-    ),
-    ("precisions", "comma list of fp32,bf16 (default cuda: fp32,bf16; cpu: fp32)", None),
-    ("scaling", "comma list of strong,weak (default both)", None),
-    (
-        "inputs",
-        "comma list of synthetic,loader (default both; loader only for image models, weak scaling)",
-        None,
-    ),
-    ("steps", "measured steps per case after warmup", None),
-    ("warmup", "minimum warmup steps (then until the running median settles, capped)", None),
-    ("timeout", "deadline in seconds for one case, all ranks (default 300 cpu, 900 cuda)", None),
-    ("threads-per-rank", "CPU threads per rank (default: cores // largest world size)", None),
-    ("data-root", "local CIFAR-10 directory for the loader cases (never downloads)", None),
-    ("loader-workers", "DataLoader workers per rank for loader cases", None),
-    ("baselines", "directory of baseline JSON files (default: <rootdir>/baselines)", None),
-    ("baseline-torch", "compare with the baseline of this torch version (default: newest recorded)", None),
-    (
-        "threshold-step",
-        "relative median step-time change that counts (default cuda 0.03, cpu 0.10; paired A/B on cpu 0.05)",
-        None,
-    ),
-    (
-        "threshold-efficiency",
-        "scaling-efficiency drop in points that counts (default cuda 0.03, cpu 0.10; paired A/B on cpu 0.05)",
-        None,
-    ),
-    ("threshold-memory", "relative peak-memory growth that counts (default 0.10)", None),
-    (
-        "repeats",
-        "runs of every case, each in fresh processes, interleaved across cases (default 1; "
-        "recording a baseline: 3)",
-        None,
-    ),
-    (
-        "confirm",
-        "extra runs at most for a case that looks regressed, improved or undecided, added in "
-        "blocks of 2 until decided (default 4; 0: judge the scheduled runs only)",
-        None,
-    ),
-    ("keep-runs", "runs kept per case and torch version in a baseline file (default 10)", None),
-    ("ab-b", "paired A/B: the Python of side B (a venv with other torch and scaleguard); turns A/B on", None),
-    ("ab-a", "paired A/B: the Python of side A (default: the one running pytest)", None),
-    ("ab-pairs", "paired A/B: most pairs per case (default 10 cpu, 6 cuda)", None),
-    ("ab-markdown", "paired A/B: write the markdown report here", None),
-    ("ab-plot", "paired A/B: write the PNG plot here", None),
-    ("ab-save", "paired A/B: directory for A.json and B.json (pytest-benchmark format)", None),
-    (
-        "foreign-load-limit",
-        "CPU cores that processes outside this session may use during a run's measured steps "
-        "before the run is disturbed: set aside, measured again when quiet (default 0.25)",
-        None,
-    ),
-    (
-        "profile-steps",
-        "step anatomy after the measured steps: phased steps with and without gradient sync, "
-        "plus one profiled step (default 3; 0: off)",
-        None,
-    ),
-    (
-        "trace-dir",
-        "where a REGRESSED case's Chrome trace is kept (default: <rootdir>/.scaleguard/traces)",
-        None,
-    ),
-    (
-        "history",
-        "the history database every run is appended to (default: <rootdir>/.scaleguard/history.sqlite)",
-        None,
-    ),
-    (
-        "accept-reason",
-        "why the --perf-accept cases are recorded although not OK (stored with their runs)",
-        None,
-    ),
-)
 
 
 def read_config(config: pytest.Config) -> PerfConfig:
@@ -138,7 +35,7 @@ def read_config(config: pytest.Config) -> PerfConfig:
 
     def lines(name: str) -> list[str]:
         dest = "perf_" + name.replace("-", "_")
-        given = config.getoption(dest, None) if name != "case-thresholds" else None
+        given = config.getoption(dest, None) if options.BY_NAME[name].kind == "lines" else None
         return list(given or ()) + list(config.getini(dest))
 
     with usage_errors():
@@ -163,64 +60,9 @@ def usage_errors() -> Generator[None, None, None]:
 
 STATE = pytest.StashKey[Suite]()
 
-# on/off options (store_true, each with a bool ini twin): (name, help)
-_FLAGS = (
-    ("update-baselines", "merge this run's good cases into the baseline file"),
-    (
-        "no-load-check",
-        "do not watch for other processes' CPU/GPU load during runs (a busy machine is then "
-        "judged like a quiet one)",
-    ),
-    ("no-history", "do not append this session's runs to the history database"),
-    (
-        "share-gpu",
-        "test mode: ranks of world sizes above the GPU count share the GPUs round-robin over gloo "
-        "(exercises multi-rank CUDA on one GPU; never a scaling figure, never recorded)",
-    ),
-    (
-        "isolate",
-        "fresh rank processes for every run (default: consecutive cases of one model and world "
-        "size share ranks; two runs of one case never do)",
-    ),
-)
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("scaleguard", "scaleguard performance regression suite")
-    for name, help_text, choices in _OPTIONS:
-        dest = "perf_" + name.replace("-", "_")
-        group.addoption(f"--perf-{name}", dest=dest, default=None, choices=choices, help=help_text)
-        parser.addini(dest, f"{help_text} (ini twin of --perf-{name})", default=None)
-    for name, help_text in _FLAGS:
-        dest = "perf_" + name.replace("-", "_")
-        group.addoption(f"--perf-{name}", dest=dest, action="store_true", default=None, help=help_text)
-        parser.addini(dest, f"ini twin of --perf-{name}", type="bool", default=False)
-    group.addoption(
-        "--perf-accept",
-        dest="perf_accept",
-        action="append",
-        default=None,
-        metavar="GLOB",
-        help="with --perf-update-baselines: record the cases matching GLOB whatever their verdict "
-        "(REGRESSED, INCONCLUSIVE), restarting their entry; needs --perf-accept-reason",
-    )
-    parser.addini("perf_accept", "ini twin of --perf-accept (one glob per line)", type="linelist", default=[])
-    for side in ("a", "b"):
-        group.addoption(
-            f"--perf-ab-env-{side}",
-            dest=f"perf_ab_env_{side}",
-            action="append",
-            default=None,
-            metavar="KEY=VALUE",
-            help=f"paired A/B: an environment variable for side {side.upper()}'s ranks only (repeatable)",
-        )
-        parser.addini(f"perf_ab_env_{side}", f"ini twin of --perf-ab-env-{side}", type="linelist", default=[])
-    parser.addini(
-        "perf_case_thresholds",
-        "per-case threshold overrides, one per line: '<case-id glob> step=0.08 efficiency=0.05 memory=0.2'",
-        type="linelist",
-        default=[],
-    )
+    options.add_pytest_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -467,7 +309,7 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
         report.render([report.ab_table(session)], max(100, terminalreporter._tw.fullwidth))
     )
     for verdict in session.verdicts.values():
-        if verdict.status != "SAME" or verdict.dropped:  # a dropped pair is always reported
+        if verdict.status is not Status.SAME or verdict.dropped:  # a dropped pair is always reported
             terminalreporter.write_line(verdict.story)
     try:
         _ab_files(state, session)

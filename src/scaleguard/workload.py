@@ -7,7 +7,6 @@ examples and users' packages name, so the package's layout can move without movi
 
 from scaleguard.workloads.contract import (
     ENTRY_POINT_GROUP,
-    IMPORT_TIMEOUT_S,
     REF,
     Batch,
     Workload,
@@ -20,7 +19,6 @@ from scaleguard.workloads.registry import Registry, resolve
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "IMPORT_TIMEOUT_S",
     "REF",
     "Batch",
     "Registry",

@@ -462,7 +462,9 @@ def test_a_workload_import_that_hangs_meets_a_deadline(
 ) -> None:
     (tmp_path / "sg_wl_sleeps.py").write_text("import time\ntime.sleep(600)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(workload, "IMPORT_TIMEOUT_S", 1.0)
+    from scaleguard.workloads import contract
+
+    monkeypatch.setattr(contract, "IMPORT_TIMEOUT_S", 1.0)
     with pytest.raises(workload.WorkloadError, match="within 1 s"):
         workload.load_path("sg_wl_sleeps:W")
 

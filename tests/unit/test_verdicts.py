@@ -333,3 +333,47 @@ def test_a_device_bound_step_is_not_forgiven_by_a_slower_host(
     assert verdict.status is expected, verdict.story
     assert "34% slower than the baseline's" in verdict.story
     assert ("device-bound (the GPU busy 97% of it)" in verdict.story) is (expected is Status.REGRESSED)
+
+
+# the one verdict engine: every door answers through judge_shift over one Status
+
+
+@pytest.mark.parametrize(
+    ("change", "ci", "p_up", "p_down", "kwargs", "expected"),
+    [
+        (0.20, (0.15, 0.25), 1e-6, 1.0, {}, "REGRESSED"),  # step 20 % slower
+        (-0.20, (-0.25, -0.15), 1.0, 1e-6, {}, "IMPROVED"),
+        (0.001, (-0.01, 0.01), 0.4, 0.6, {}, "SAME"),  # inside the 3 % band
+        (0.001, (-0.2, 0.2), 0.4, 0.6, {}, "INCONCLUSIVE"),  # too wide to say
+        (0.20, (0.15, 0.25), 0.5, 0.5, {}, "INCONCLUSIVE"),  # large but not significant
+        (-0.20, (-0.25, -0.15), 1.0, 1e-6, {"relative": False, "worse_when_up": False}, "REGRESSED"),
+        (0.20, (0.15, 0.25), 1e-6, 1.0, {"relative": False, "worse_when_up": False}, "IMPROVED"),
+    ],
+)
+def test_judge_shift_answers_each_metric(change, ci, p_up, p_down, kwargs, expected) -> None:
+    from scaleguard.evidence.verdict import judge_shift
+
+    status = judge_shift(change, ci, p_up, p_down, 0.03, 0.05, **kwargs)
+    assert status is Status(expected) and f"{status}" == expected and str(status) == expected
+
+
+def test_the_mirrored_bound_is_symmetric_on_the_log_scale() -> None:
+    from scaleguard.evidence.verdict import mirrored
+
+    assert (1 + 0.10) * (1 + mirrored(0.10)) == pytest.approx(1.0)
+    # a relative fall of 9.5 % is beyond a 10 % threshold's mirror (-9.09 %): judged, not ignored
+    from scaleguard.evidence.verdict import judge_shift
+
+    assert judge_shift(-0.095, (-0.10, -0.09), 1.0, 1e-6, 0.10, 0.05) is Status.IMPROVED
+
+
+def test_ab_and_the_suite_answer_through_the_same_engine() -> None:
+    from scaleguard.schedule import ab
+
+    a = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995]
+    b = [x * 1.2 for x in a]
+    thr = Thresholds(step=0.03, efficiency=0.03, memory=0.1)
+    status, step, *_ = ab.decide_pairs("c", a, b, thr)
+    assert status is Status.REGRESSED and step.change == pytest.approx(0.2, abs=1e-6)
+    status, *_ = ab.decide_pairs("c", a, list(a), thr)
+    assert status is Status.SAME

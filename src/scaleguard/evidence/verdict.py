@@ -24,12 +24,59 @@ from scaleguard.evidence.stats import Shift, run_shift
 
 
 class Status(str, Enum):
-    OK = "OK"
+    """Every verdict of every door (the suite, ``compare``, ``ingest``, ``ab``, ``bisect``)."""
+
+    OK = "OK"  # against a baseline: no change beyond what counts
+    SAME = "SAME"  # paired A/B: the confidence interval lies inside the band, A and B are equal
     REGRESSED = "REGRESSED"
     IMPROVED = "IMPROVED"
     INCONCLUSIVE = "INCONCLUSIVE"  # looks changed, but the runs cannot tell it from their spread
     NOISY = "NOISY"  # no usable evidence: every run was throttled or disturbed
     NEW = "NEW"
+
+    # printed as its value everywhere (f-strings, %s, rich): "REGRESSED", never "Status.REGRESSED"
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def mirrored(threshold: float) -> float:
+    """The fall that mirrors a rise of ``threshold`` on the log scale, ``1 / (1 + t) - 1``: a step
+    10 % slower and one 9.1 % faster are the same distance from the old one. The one place this
+    arithmetic is written."""
+    return -threshold / (1 + threshold)
+
+
+def judge_shift(
+    change: float,
+    ci: tuple[float, float],
+    p_up: float,
+    p_down: float,
+    threshold: float,
+    alpha: float,
+    *,
+    relative: bool = True,
+    worse_when_up: bool = True,
+) -> Status:
+    """One metric's answer from one shift: REGRESSED when it moved the bad way beyond
+    ``threshold`` and significantly (one-sided p < ``alpha``), IMPROVED the same the good way,
+    SAME when its 95 % interval lies inside the band, else INCONCLUSIVE.
+
+    ``relative``: a ratio (step time, memory: the good way is bounded by ``mirrored``); else a
+    difference in points (efficiency: a symmetric band). ``worse_when_up``: step time and memory
+    get worse upward, efficiency downward.
+    """
+    up_bound = threshold
+    down_bound = mirrored(threshold) if relative else -threshold
+    up = change > up_bound and p_up < alpha
+    down = change < down_bound and p_down < alpha
+    if up or down:
+        return Status.REGRESSED if up == worse_when_up else Status.IMPROVED
+    if ci[0] > down_bound and ci[1] < up_bound:
+        return Status.SAME
+    return Status.INCONCLUSIVE
 
 
 # bounds a user value must lie in: a threshold of nan, 0 or -1 would switch the gate off silently
@@ -356,15 +403,13 @@ def _examine(
             prior_spread=thr.prior_spread, min_spread=thr.min_spread, young=young,
         )  # fmt: skip
         a_slower, a_faster, _ = _step_findings(adjusted, needed, thr)
-        raw_beyond = step.change > needed or step.change < -needed / (1 + needed)
+        raw_beyond = _beyond(step.change, needed)
         if machine.factor > 1:
             slower = a_slower
             suspect = (adjusted.change > needed and not a_slower) or (suspect and step.change < 0)
         else:
             faster = a_faster
-            suspect = (adjusted.change < -needed / (1 + needed) and not a_faster) or (
-                suspect and step.change > 0
-            )
+            suspect = (adjusted.change < mirrored(needed) and not a_faster) or (suspect and step.change > 0)
         machine_moved = raw_beyond and not (slower or faster or suspect)
     eff = None
     needed_eff = None
@@ -402,13 +447,15 @@ def _examine(
     return step, eff, mem, found
 
 
+def _beyond(change: float, needed: float) -> bool:
+    return change > needed or change < mirrored(needed)
+
+
 def _step_findings(step: Shift, needed: float, thr: Thresholds) -> tuple[bool, bool, bool]:
     """(slower, faster, suspect) for a step-time shift against the needed change."""
-    slower = step.change > needed and step.p_up < thr.alpha
-    # symmetric on the log scale: 1 / (1 + needed) - 1
-    faster = step.change < -needed / (1 + needed) and step.p_down < thr.alpha
-    suspect = (step.change > needed or step.change < -needed / (1 + needed)) and not (slower or faster)
-    return slower, faster, suspect
+    status = judge_shift(step.change, step.ci, step.p_up, step.p_down, needed, thr.alpha)
+    slower, faster = status is Status.REGRESSED, status is Status.IMPROVED
+    return slower, faster, _beyond(step.change, needed) and not (slower or faster)
 
 
 def decide(

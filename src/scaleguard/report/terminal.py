@@ -460,7 +460,7 @@ def ab_markdown(session: Any) -> str:
     ]
     lines += ["| " + " | ".join(AB_HEADERS) + " |", "|" + "---|" * len(AB_HEADERS)]
     lines += ["| " + " | ".join(map(md_cell, r)) + " |" for r in rows]
-    stories = [v.story for v in session.verdicts.values() if v.status != "SAME" or v.dropped]
+    stories = [v.story for v in session.verdicts.values() if v.status is not Status.SAME or v.dropped]
     if stories:
         lines += ["", "<details><summary>details</summary>", ""] + [f"- {md_cell(s)}" for s in stories]
         lines += ["", "</details>"]
@@ -476,7 +476,12 @@ def ab_plot(session: Any, path: Path) -> None:
 
     cases = sorted(session.verdicts)
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.45 * len(cases) + 1.5)))
-    colors = {"REGRESSED": "tab:red", "IMPROVED": "tab:green", "SAME": "tab:blue", "INCONCLUSIVE": "tab:grey"}
+    colors = {
+        Status.REGRESSED: "tab:red",
+        Status.IMPROVED: "tab:green",
+        Status.SAME: "tab:blue",
+        Status.INCONCLUSIVE: "tab:grey",
+    }
     for y, case_id in enumerate(cases):
         verdict = session.verdicts[case_id]
         a = session.ledgers["A"].evidence(case_id).runs

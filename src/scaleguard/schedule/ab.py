@@ -32,7 +32,7 @@ from scipy import stats as sps
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.records import ID_PATTERN, RunResult
-from scaleguard.evidence.verdict import Thresholds
+from scaleguard.evidence.verdict import Status, Thresholds, judge_shift
 from scaleguard.ranks.launcher import CaseFailedError, Interpreter
 from scaleguard.schedule import runner
 
@@ -254,7 +254,7 @@ def paired_shift(
 @dataclass(frozen=True)
 class ABVerdict:
     case_id: str
-    status: str  # REGRESSED, IMPROVED, SAME, INCONCLUSIVE
+    status: Status  # REGRESSED, IMPROVED, SAME, INCONCLUSIVE
     story: str
     step: PairedShift | None = None
     efficiency: PairedShift | None = None
@@ -263,11 +263,32 @@ class ABVerdict:
     dropped: tuple[str, ...] = ()  # why each dropped pair was dropped
     # each question's own answer: step, efficiency (ws > 1), memory -> REGRESSED / IMPROVED /
     # SAME / INCONCLUSIVE; the status above is the worst of them
-    metrics: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, Status] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
-        return self.status == "REGRESSED"
+        return self.status is Status.REGRESSED
+
+
+def _judge(shift: PairedShift, threshold: float, alpha: float, relative: bool = True,
+           worse_when_up: bool = True) -> Status:  # fmt: skip
+    return judge_shift(
+        shift.change, shift.ci, shift.p_up, shift.p_down, threshold, alpha,
+        relative=relative, worse_when_up=worse_when_up,
+    )  # fmt: skip
+
+
+def metric_verdicts(
+    step: PairedShift, effs: PairedShift | None, mems: PairedShift | None, thr: Thresholds
+) -> dict[str, Status]:
+    """Every metric judged on its own, by the one verdict engine: a memory verdict must not
+    leave step time undecided."""
+    out = {"step": _judge(step, thr.step, thr.alpha)}
+    if effs is not None:
+        out["efficiency"] = _judge(effs, thr.efficiency, thr.alpha, relative=False, worse_when_up=False)
+    if mems is not None:
+        out["memory"] = _judge(mems, thr.memory, thr.alpha)
+    return out
 
 
 def decide_pairs(
@@ -277,63 +298,28 @@ def decide_pairs(
     thr: Thresholds,
     eff: tuple[Sequence[float], Sequence[float]] | None = None,
     mem: tuple[Sequence[float], Sequence[float]] | None = None,
-) -> tuple[str, PairedShift, PairedShift | None, PairedShift | None, list[str]]:
-    """Status and shifts from per-pair step medians (and efficiencies, peak memories)."""
+) -> tuple[Status, PairedShift, PairedShift | None, PairedShift | None, list[str]]:
+    """Status and shifts from per-pair step medians (and efficiencies, peak memories): REGRESSED
+    when any metric is; else IMPROVED when step time is; SAME when step time and efficiency are
+    the same; else INCONCLUSIVE."""
     step = paired_shift(a, b, relative=True)
-    low_margin = -thr.step / (1 + thr.step)
-    reasons = []
-    if step.change > thr.step and step.p_up < thr.alpha:
-        reasons.append("step")
     effs = paired_shift(eff[0], eff[1], relative=False) if eff and len(eff[0]) >= 2 else None
-    if effs is not None and -effs.change > thr.efficiency and effs.p_down < thr.alpha:
-        reasons.append("efficiency")
     mems = paired_shift(mem[0], mem[1], relative=True, min_spread=1e-3) if mem else None
-    if mems is not None and mems.change > thr.memory and mems.p_up < thr.alpha:
-        reasons.append("memory")
+    metrics = metric_verdicts(step, effs, mems, thr)
+    reasons = [m for m in ("step", "efficiency", "memory") if metrics.get(m) is Status.REGRESSED]
     if reasons:
-        return "REGRESSED", step, effs, mems, reasons
-    if step.change < low_margin and step.p_down < thr.alpha:
-        return "IMPROVED", step, effs, mems, []
-    eff_same = effs is None or (effs.ci[0] > -thr.efficiency and effs.ci[1] < thr.efficiency)
-    if step.ci[0] > low_margin and step.ci[1] < thr.step and eff_same:
-        return "SAME", step, effs, mems, []
-    return "INCONCLUSIVE", step, effs, mems, []
-
-
-def metric_verdicts(
-    step: PairedShift, effs: PairedShift | None, mems: PairedShift | None, thr: Thresholds
-) -> dict[str, str]:
-    """Every metric judged on its own: a memory verdict must not leave step time undecided."""
-
-    def relative(shift: PairedShift, threshold: float) -> str:
-        low = -threshold / (1 + threshold)
-        if shift.change > threshold and shift.p_up < thr.alpha:
-            return "REGRESSED"
-        if shift.change < low and shift.p_down < thr.alpha:
-            return "IMPROVED"
-        if shift.ci[0] > low and shift.ci[1] < threshold:
-            return "SAME"
-        return "INCONCLUSIVE"
-
-    out = {"step": relative(step, thr.step)}
-    if effs is not None:
-        if -effs.change > thr.efficiency and effs.p_down < thr.alpha:
-            out["efficiency"] = "REGRESSED"
-        elif effs.change > thr.efficiency and effs.p_up < thr.alpha:
-            out["efficiency"] = "IMPROVED"
-        elif -thr.efficiency < effs.ci[0] and effs.ci[1] < thr.efficiency:
-            out["efficiency"] = "SAME"
-        else:
-            out["efficiency"] = "INCONCLUSIVE"
-    if mems is not None:
-        out["memory"] = relative(mems, thr.memory)
-    return out
+        return Status.REGRESSED, step, effs, mems, reasons
+    if metrics["step"] is Status.IMPROVED:
+        return Status.IMPROVED, step, effs, mems, []
+    if metrics["step"] is Status.SAME and metrics.get("efficiency", Status.SAME) is Status.SAME:
+        return Status.SAME, step, effs, mems, []
+    return Status.INCONCLUSIVE, step, effs, mems, []
 
 
 def undecided(verdict: ABVerdict) -> bool:
     """More pairs help: step time or efficiency is not decided yet (memory is steady enough
     to decide in the first pairs, and must not end the case before the others)."""
-    return any(verdict.metrics.get(m) == "INCONCLUSIVE" for m in ("step", "efficiency"))
+    return any(verdict.metrics.get(m) is Status.INCONCLUSIVE for m in ("step", "efficiency"))
 
 
 @dataclass(frozen=True)
@@ -493,8 +479,8 @@ class ABSession:
         if mems is not None:
             parts.append(f"peak memory {mems.change:+.1%} ({metrics['memory']}{self._footprint(spec, mem)})")
         parts.append("verdicts: " + ", ".join(f"{m} {v}" for m, v in metrics.items()))
-        if status == "INCONCLUSIVE" or any(v == "INCONCLUSIVE" for v in metrics.values()):
-            left = [m for m, v in metrics.items() if v == "INCONCLUSIVE"]
+        if status is Status.INCONCLUSIVE or Status.INCONCLUSIVE in metrics.values():
+            left = [m for m, v in metrics.items() if v is Status.INCONCLUSIVE]
             parts.append(
                 f"{', '.join(left)} undecided after {step.n} pairs (the cap is {self.schedule.max_pairs})"
             )

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from scaleguard.evidence.verdict import Status
 from scaleguard.schedule import ab
 
 PROBE_TIMEOUT_S = 7200.0  # one probe: an A/B session over the selected cases, pairs capped
@@ -112,12 +113,13 @@ def probe_build(
     stories = tuple(str(i.get("ab_story")) for i in infos if i.get("ab_story"))
     if not statuses:
         return Probe(index, "FAILED", ("no case was measured: check the selection (-k)",))
-    if "REGRESSED" in statuses:
-        status = "REGRESSED"
-    elif "INCONCLUSIVE" in statuses:
-        status = "INCONCLUSIVE"
-    elif all(s in ("SAME", "IMPROVED") for s in statuses):
-        status = "SAME"
+    # a build is bad when any case regressed, good when every case is the same or better
+    if Status.REGRESSED in statuses:
+        status = Status.REGRESSED.value
+    elif Status.INCONCLUSIVE in statuses:
+        status = Status.INCONCLUSIVE.value
+    elif all(s in (Status.SAME, Status.IMPROVED) for s in statuses):
+        status = Status.SAME.value
     else:
         status = "FAILED"
     return Probe(index, status, stories)
