@@ -57,6 +57,9 @@ class RunSettings:
     # test mode (--perf-share-gpu): ranks share the visible GPUs round-robin over gloo, so the
     # multi-rank CUDA path runs on a one-GPU machine; never a scaling figure, never recorded
     shared_gpu: bool = False
+    # nodes the case's ranks span (--perf-slurm); a two-node case is another configuration than
+    # a one-node case of the same world size, and is never compared with it
+    nodes: int = 1
 
     @classmethod
     def from_fields(cls, f: Fields) -> RunSettings:

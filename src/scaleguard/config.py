@@ -18,6 +18,7 @@ from pathlib import Path
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.schedule.matrix import MatrixOptions, parse_csv, parse_world_sizes
+from scaleguard.schedule.slurm import SlurmOptions
 
 
 class ConfigError(ValueError):
@@ -69,6 +70,7 @@ class PerfConfig:
     ab_markdown: Path | None = None
     ab_plot: Path | None = None
     ab_save: Path | None = None
+    slurm: SlurmOptions | None = None  # --perf-slurm: the cases run on a cluster
 
     @property
     def paired(self) -> bool:
@@ -221,6 +223,7 @@ class PerfConfig:
             ab_markdown=path("ab-markdown"),
             ab_plot=path("ab-plot"),
             ab_save=path("ab-save"),
+            slurm=_slurm(text, flag, matrix) if flag("slurm") else None,
         )
 
 
@@ -255,6 +258,71 @@ def check_output_path(
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         if not path.exists():
             raise ConfigError(f"{option} {path}: cannot create it in {parent}")
+
+
+def _slurm(
+    text: Callable[[str], str | None], flag: Callable[[str], bool], matrix: MatrixOptions
+) -> SlurmOptions:
+    """``--perf-slurm-*``, checked now: a typo found after an hour in the queue would lose it."""
+    import shlex
+
+    from scaleguard.schedule.slurm import missing_commands
+
+    missing = missing_commands()
+    if missing:
+        raise ConfigError(
+            f"--perf-slurm: Slurm's {', '.join(missing)} not found on PATH; run pytest on a node "
+            "with Slurm's client commands (a login node)"
+        )
+
+    def count(name: str, default: int, hi: int) -> int:
+        value = text(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"--perf-{name} takes a whole number, got {value!r}") from None
+        if not 1 <= number <= hi:
+            raise ConfigError(f"--perf-{name} must be 1..{hi}, got {number}")
+        return number
+
+    nodes_text = text("slurm-nodes") or "1,2"
+    try:
+        nodes = tuple(sorted({int(n) for n in nodes_text.split(",") if n.strip()}))
+    except ValueError:
+        raise ConfigError(
+            f"--perf-slurm-nodes takes a comma list of node counts, got {nodes_text!r}"
+        ) from None
+    if not nodes or nodes[0] < 1 or nodes[-1] > 4096:
+        raise ConfigError(f"--perf-slurm-nodes: node counts are 1..4096, got {nodes_text!r}")
+    if matrix.device == "cuda" and text("slurm-ranks-per-node") is None:
+        raise ConfigError("--perf-slurm on cuda needs --perf-slurm-ranks-per-node N (the GPUs per node)")
+    if matrix.shared_gpu:
+        raise ConfigError("--perf-share-gpu is a one-machine test mode; drop it with --perf-slurm")
+    pending = text("slurm-pending-timeout")
+    try:
+        pending_s = float(pending) if pending is not None else 600.0
+    except ValueError:
+        raise ConfigError(f"--perf-slurm-pending-timeout takes seconds, got {pending!r}") from None
+    if not math.isfinite(pending_s) or not 0 < pending_s <= 7 * 24 * 3600:
+        raise ConfigError(f"--perf-slurm-pending-timeout must be positive seconds, got {pending!r}")
+    try:
+        extra = tuple(shlex.split(text("slurm-args") or ""))
+    except ValueError as exc:
+        raise ConfigError(f"--perf-slurm-args is not a shell-quoted string ({exc})") from None
+    shared = text("slurm-dir")
+    return SlurmOptions(
+        nodes=nodes,
+        ranks_per_node=count("slurm-ranks-per-node", 1, 1024),
+        partition=text("slurm-partition"),
+        account=text("slurm-account"),
+        time_min=count("slurm-time", 120, 7 * 24 * 60),
+        extra_args=extra,
+        shared_dir=Path(shared) if shared else None,
+        pending_timeout_s=pending_s,
+        skip_pending=flag("slurm-skip-pending"),
+    )
 
 
 def _env(items: Sequence[str], option: str) -> tuple[tuple[str, str], ...]:

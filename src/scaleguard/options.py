@@ -240,6 +240,59 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("no-history", "do not append this session's runs to the history database", "off", kind="flag"),
     Option(
+        "slurm",
+        "run every case on a Slurm cluster: one allocation (salloc) for the session, each run a job "
+        "step (srun, one task per rank) on it; judged as a local run",
+        "off",
+        kind="flag",
+    ),
+    Option(
+        "slurm-nodes",
+        "comma list of node counts the cases span (world size = nodes x ranks per node, and 1)",
+        "1,2",
+        metavar="1,2,4",
+    ),
+    Option(
+        "slurm-ranks-per-node",
+        "ranks per node: GPUs per node on cuda (required there), processes per node on cpu",
+        "1 on cpu",
+        metavar="N",
+    ),
+    Option(
+        "slurm-partition", "the Slurm partition (salloc --partition)", "the cluster's default", metavar="P"
+    ),
+    Option("slurm-account", "the Slurm account (salloc --account)", metavar="A"),
+    Option(
+        "slurm-time",
+        "the allocation's time limit in minutes; Slurm ends it even if the session is killed",
+        "120",
+        metavar="MINUTES",
+    ),
+    Option(
+        "slurm-args",
+        "more salloc arguments, as one shell-quoted string (e.g. '--qos=perf --constraint=h100')",
+        metavar="ARGS",
+    ),
+    Option(
+        "slurm-dir",
+        "the shared results directory every node sees (rank files and run records go there)",
+        "<rootdir>/.scaleguard/slurm",
+        metavar="DIR",
+    ),
+    Option(
+        "slurm-pending-timeout",
+        "seconds the allocation may wait in the queue; then it is cancelled and the cases fail "
+        "with Slurm's reason",
+        "600",
+        metavar="SECONDS",
+    ),
+    Option(
+        "slurm-skip-pending",
+        "skip the cases, instead of failing them, when the allocation never starts",
+        "off",
+        kind="flag",
+    ),
+    Option(
         "ab-b",
         "paired A/B: the Python of side B (a venv with other torch and scaleguard); turns A/B on",
         metavar="PYTHON",

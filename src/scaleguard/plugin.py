@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -182,12 +182,20 @@ def perf_session(request: pytest.FixtureRequest) -> Any:
     return request.config.stash[STATE].perf_session()
 
 
+def _fail_or_skip(exc: Exception) -> NoReturn:
+    """A case that failed fails its test; one that never started (its cluster allocation stayed
+    pending) is skipped instead when the user asked for that (--perf-slurm-skip-pending)."""
+    if getattr(exc, "skip", False):
+        pytest.skip(str(exc))
+    pytest.fail(str(exc), pytrace=False)
+
+
 @pytest.fixture
 def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) -> Callable[[CaseSpec], Any]:
     """Run a case (its runs, and confirm runs when it looks changed), store its steps in
     pytest-benchmark; a failed case or a REGRESSED verdict fails the test cleanly."""
     from scaleguard.evidence import benchmark_io
-    from scaleguard.ranks.launcher import CaseFailedError
+    from scaleguard.ranks.protocol import CaseFailedError
 
     def run(spec: CaseSpec) -> Any:
         ab_session = request.config.stash[STATE].ab_session()
@@ -195,17 +203,17 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             try:
                 paired = ab_session.measure(spec)
             except CaseFailedError as exc:
-                pytest.fail(str(exc), pytrace=False)
+                _fail_or_skip(exc)
             side_a = ab_session.ledgers["A"]
             benchmark_io.record(benchmark, side_a.results[spec.case_id], side_a.evidence(spec.case_id), None)
-            benchmark.extra_info.update({"ab_verdict": paired.status, "ab_story": paired.story})
+            benchmark.extra_info.update({"ab_verdict": paired.status.value, "ab_story": paired.story})
             if paired.failed:
                 pytest.fail(paired.story, pytrace=False)
             return side_a.evidence(spec.case_id)
         try:
             verdict = perf_session.measure(spec)
         except CaseFailedError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            _fail_or_skip(exc)
         ledger = perf_session.ledger
         evidence = ledger.evidence(spec.case_id)
         benchmark_io.record(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from scaleguard.schedule.ab import ABSession, Side
     from scaleguard.schedule.matrix import PlannedCase
     from scaleguard.schedule.session import PerfSession, Schedule
+    from scaleguard.schedule.slurm import NodeFacts, SlurmRunner
 
 
 class Suite:
@@ -48,6 +49,8 @@ class Suite:
         self._baselines: BaselineContext | None = None
         self._host: HostFingerprint | None = None
         self._ab_sides: tuple[Side, Side] | None = None
+        self._node_facts: NodeFacts | None = None
+        self._slurm_runner: SlurmRunner | None = None
 
     # -- what runs ---------------------------------------------------------------------------
 
@@ -59,7 +62,14 @@ class Suite:
             from scaleguard.schedule.matrix import plan
 
             try:
-                self._planned = plan(self.config.matrix, gpu_inventory(), os.cpu_count() or 1)
+                if self.config.slurm is not None:
+                    from scaleguard.schedule import slurm
+
+                    self._planned = slurm.plan_on_cluster(
+                        self.config.matrix, self.config.slurm, self.node_facts()
+                    )
+                else:
+                    self._planned = plan(self.config.matrix, gpu_inventory(), os.cpu_count() or 1)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
         return self._planned
@@ -111,12 +121,31 @@ class Suite:
             self._host = host_fingerprint()
         return self._host
 
+    def node_facts(self) -> NodeFacts:
+        """On a cluster: what sinfo says of its nodes, read once."""
+        if self._node_facts is None:
+            from scaleguard.schedule import slurm
+
+            assert self.config.slurm is not None
+            try:
+                self._node_facts = slurm.node_facts(self.config.slurm)
+            except slurm.SlurmError as exc:
+                raise ConfigError(f"--perf-slurm: {exc}") from None
+        return self._node_facts
+
     def hardware_key(self) -> str:
         """The one derivation of this session's baseline key (the file name, and the key the
         file must hold)."""
         from scaleguard.evidence.baseline import host_hardware_key
 
         spec = self.planned()[0].spec
+        if self.config.slurm is not None:
+            from scaleguard.schedule.slurm import cluster_hardware_key
+
+            return cluster_hardware_key(
+                spec.device, self.node_facts(), self.config.slurm, self.host().cpu_model,
+                spec.settings.threads_per_rank,
+            )  # fmt: skip
         return host_hardware_key(self.host(), spec.device, spec.settings.threads_per_rank)
 
     # -- what it is judged against -----------------------------------------------------------
@@ -164,6 +193,7 @@ class Suite:
                 "cpu_model": host.cpu_model,
                 "threads_per_rank": spec.settings.threads_per_rank,
                 "backend": "nccl" if spec.device == "cuda" else "gloo",
+                **self._cluster_hardware(),
             },
             torch_pick=config.baseline_torch,
             thresholds=self.thresholds(),
@@ -174,6 +204,19 @@ class Suite:
             accept_reason=config.accept_reason,
         )
         return self._baselines
+
+    def _cluster_hardware(self) -> dict[str, object]:
+        """On a cluster, what the key does not say: the scheduler, the partition, ranks per
+        node, the node counts asked for (each run keeps its own nodes and NCCL's transport)."""
+        if self.config.slurm is None:
+            return {}
+        facts = self.node_facts()
+        return {
+            "scheduler": "slurm",
+            **self.config.slurm.to_dict(),
+            "cpus_per_node": facts.cpus,
+            "gpu_type": facts.gpu_type,
+        }
 
     # -- the schedulers ----------------------------------------------------------------------
 
@@ -195,10 +238,28 @@ class Suite:
                 if limit is not None:
                     foreign_load.wait_quiet(limit, seconds)
 
+            session_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            if self.config.slurm is not None:
+                # the runs are steps of one allocation; the rank files go where every node sees
+                # them. The machine probe and the foreign-load watch read this (login) node,
+                # not the compute nodes: on a cluster they are off, and said so
+                self.session = PerfSession(
+                    Ledger(session_id, self.baseline_context()),
+                    self.slurm_dir() / session_id,
+                    self.timeout_s(),
+                    self.schedule(),
+                    run=self.slurm_runner(session_id),
+                    on_run=self.progress,
+                )
+                self.progress(
+                    "on Slurm: the machine-speed probe and the foreign-load check are off (they would "
+                    "read this node, not the compute nodes)"
+                )
+                return self.session
             self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
             self.pools = Pools(self.run_root / "pools", isolate=self.config.isolate)
             self.session = PerfSession(
-                Ledger(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}", self.baseline_context()),
+                Ledger(session_id, self.baseline_context()),
                 self.run_root,
                 self.timeout_s(),
                 self.schedule(),
@@ -211,6 +272,22 @@ class Suite:
                 self.session.ledger.machine = speed.to_dict()
             self.progress(machine_line(speed, self.baseline_context().file))
         return self.session
+
+    def slurm_dir(self) -> Path:
+        assert self.config.slurm is not None
+        return self.config.slurm.shared_dir or self.rootpath / ".scaleguard" / "slurm"
+
+    def slurm_runner(self, session_id: str) -> SlurmRunner:
+        """The session's one allocation (asked for at the first run) and its run function."""
+        if self._slurm_runner is None:
+            from scaleguard.schedule import slurm
+
+            assert self.config.slurm is not None
+            planned = [p.spec for p in self.planned() if p.skip_reason is None]
+            nodes = max((s.settings.nodes for s in planned), default=1)
+            allocation = slurm.Allocation(self.config.slurm, nodes, f"scaleguard-{session_id}", self.progress)
+            self._slurm_runner = slurm.SlurmRunner(allocation)
+        return self._slurm_runner
 
     def ab_sides(self) -> tuple[Side, Side] | None:
         """The two probed sides of a paired A/B session; None when A/B is off."""
@@ -240,15 +317,25 @@ class Suite:
 
             device = self.device
             settings = self.config.thresholds
-            self.run_root = self.run_root or Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+            if self.config.slurm is not None:
+                # both sides alternate on the same allocation: the same nodes for A and B; their
+                # files stay in the shared directory
+                base_dir = self.slurm_dir() / f"ab-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            else:
+                self.run_root = self.run_root or Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
+                base_dir = self.run_root
             self.ab = ab.ABSession(
                 sides[0],
                 sides[1],
-                self.run_root,
+                base_dir,
                 self.timeout_s(),
                 lambda case_id: settings.for_case(case_id, device, paired=True),
                 ab.ABSchedule.for_device(device, self.config.ab_pairs),
-                run=functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit()),
+                run=(
+                    self.slurm_runner(f"ab-{uuid.uuid4().hex[:6]}")
+                    if self.config.slurm is not None
+                    else functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit())
+                ),
                 on_run=self.progress,
             )
         return self.ab
@@ -300,7 +387,10 @@ class Suite:
         return f"scaleguard: history {path}: {added} runs appended"
 
     def close(self) -> None:
-        """The idle pool's ranks (also after Ctrl-C between cases) and every run's files."""
+        """The idle pool's ranks (also after Ctrl-C between cases), the Slurm allocation, and
+        every run's files (a cluster's stay in the shared directory, for who reads them)."""
+        if self._slurm_runner is not None:
+            self._slurm_runner.allocation.release()
         if self.pools is not None:
             self.pools.close()
         if self.run_root is not None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from scaleguard.cli import main as cli_main
 from scaleguard.evidence import baseline
 from scaleguard.evidence.records import FileFormatError, read_document
-from scaleguard.ranks import launcher, worker
+from scaleguard.ranks import launcher, protocol, worker
 from tests.conftest import tiny_spec
 from tests.unit.test_ingest import write_run
 from tests.unit.test_verdicts import case, spread_runs
@@ -176,7 +176,7 @@ def test_any_rank_file_is_a_result_or_a_clean_case_failure(work: Path, data: st.
                                                     "message": "m", "traceback": "t", "unix_time": 1.0})))  # fmt: skip
     try:
         launcher._collect(spec, run_dir)
-    except launcher.CaseFailedError:
+    except protocol.CaseFailedError:
         pass
     launcher._read_failure(run_dir, 0)
 

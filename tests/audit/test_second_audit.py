@@ -18,7 +18,7 @@ import pytest
 from scaleguard.cli import main as cli_main
 from scaleguard.evidence import baseline
 from scaleguard.evidence.records import FileFormatError, read_document
-from scaleguard.ranks import launcher, worker
+from scaleguard.ranks import launcher, protocol, worker
 from scaleguard.schedule import ab, torchrun_entry
 from tests.unit.test_ingest import write_run
 from tests.unit.test_verdicts import case, run, runs_of, spread_runs
@@ -291,7 +291,7 @@ def test_rank_files_go_through_the_validating_reader(tmp_path: Path, field: str)
     token = {"final_loss": "NaN", "warmup_step_s": "[Infinity]", "phase_unix": '{"configure": NaN}'}[field]
     text = json.dumps({**good, field: "@@"}).replace('"@@"', token)
     Path(files.result).write_text(text)
-    with pytest.raises(launcher.CaseFailedError, match=r"NaN|Infinity"):
+    with pytest.raises(protocol.CaseFailedError, match=r"NaN|Infinity"):
         launcher._collect(spec, tmp_path)
     Path(files.result).write_text(json.dumps(good))
     assert launcher._collect(spec, tmp_path)[0].final_loss == 1.0

@@ -10,7 +10,8 @@ import torch
 
 from scaleguard.case import CaseSpec, RunSettings
 from scaleguard.ranks.faults import FAULT_ENV
-from scaleguard.ranks.launcher import CaseFailedError, run_case
+from scaleguard.ranks.launcher import run_case
+from scaleguard.ranks.protocol import CaseFailedError
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

@@ -15,7 +15,8 @@ import torch
 
 from scaleguard.case import CaseSpec, RunSettings
 from scaleguard.ranks.faults import FAULT_ENV
-from scaleguard.ranks.launcher import CaseFailedError, Pools
+from scaleguard.ranks.launcher import Pools
+from scaleguard.ranks.protocol import CaseFailedError
 from scaleguard.schedule import runner
 from scaleguard.schedule.matrix import MatrixOptions, plan
 

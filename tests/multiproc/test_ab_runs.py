@@ -9,7 +9,7 @@ import pytest
 
 from scaleguard.evidence.verdict import Thresholds
 from scaleguard.ranks.faults import FAULT_ENV
-from scaleguard.ranks.launcher import CaseFailedError
+from scaleguard.ranks.protocol import CaseFailedError
 from scaleguard.schedule import ab
 from tests.conftest import tiny_spec
 
@@ -49,7 +49,8 @@ def test_the_other_interpreter_keeps_its_own_sys_path() -> None:
     """spawn hands a child the parent's sys.path: the other side would import *our* torch."""
     from multiprocessing import spawn
 
-    from scaleguard.ranks.launcher import Interpreter, _started_as
+    from scaleguard.ranks.launcher import _started_as
+    from scaleguard.ranks.protocol import Interpreter
 
     assert "sys_path" in spawn.get_preparation_data("rank")
     with _started_as(Interpreter(sys.executable)):

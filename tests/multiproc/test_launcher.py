@@ -9,7 +9,8 @@ import pytest
 
 from scaleguard.evidence.records import RunResult
 from scaleguard.ranks.faults import FAULT_ENV
-from scaleguard.ranks.launcher import CaseFailedError, run_case
+from scaleguard.ranks.launcher import run_case
+from scaleguard.ranks.protocol import CaseFailedError
 from tests.conftest import tiny_spec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]

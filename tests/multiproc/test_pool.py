@@ -17,7 +17,8 @@ import pytest
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.records import RankResult
 from scaleguard.ranks.faults import FAULT_ENV
-from scaleguard.ranks.launcher import CaseFailedError, Pools, run_case
+from scaleguard.ranks.launcher import Pools, run_case
+from scaleguard.ranks.protocol import CaseFailedError
 from tests.conftest import tagged_pids, tiny_spec
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from scaleguard.evidence.verdict import Thresholds
-from scaleguard.ranks.launcher import CaseFailedError, Interpreter
+from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 from scaleguard.schedule import ab
 from scaleguard.schedule.ab import ABSchedule, ABSession, decide_pairs, paired_shift, probe
 from tests.conftest import tiny_spec

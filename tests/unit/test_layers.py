@@ -31,6 +31,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
+# beyond the order: renderers draw values computed below them, never a workload's own facts
+FORBIDDEN: tuple[tuple[str, str], ...] = (("scaleguard.report", "scaleguard.workloads"),)
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -131,6 +135,17 @@ def test_imports_run_down_the_layers() -> None:
         if src != PACKAGE and layer_of(dst) > layer_of(src)
     ]
     assert not upward, "imports up the layers:\n" + "\n".join(upward)
+
+
+def test_no_forbidden_import() -> None:
+    found = [
+        f"{src} imports {dst}"
+        for src, dsts in sorted(graph().items())
+        for dst in sorted(dsts)
+        for low, high in FORBIDDEN
+        if src.startswith(low) and dst.startswith(high)
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_every_subpackage_says_what_it_owns() -> None:

@@ -12,7 +12,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.evidence.ledger import BaselineContext, Ledger
 from scaleguard.evidence.records import RankResult, RunResult
 from scaleguard.evidence.verdict import Status, Thresholds
-from scaleguard.ranks.launcher import CaseFailedError
+from scaleguard.ranks.protocol import CaseFailedError
 from scaleguard.schedule.session import PerfSession, Schedule
 from tests.conftest import tiny_spec
 

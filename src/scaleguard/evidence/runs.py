@@ -42,6 +42,7 @@ def config_of(spec: dict[str, Any]) -> dict[str, Any]:
         "allow_tf32": settings["allow_tf32"],
         # only when on or set: every baseline recorded before these existed keeps matching
         **({"shared_gpu": True} if settings.get("shared_gpu") else {}),
+        **({"nodes": settings["nodes"]} if settings.get("nodes", 1) > 1 else {}),
         **({"workload": spec["workload"]} if spec.get("workload") else {}),
     }
 
@@ -99,7 +100,11 @@ class RunRecord:
             commit=commit,
             quarantine=result.quarantine,
             gpu=dict(result.machine_state.get("during_steps") or {}),
-            host=dict(result.machine_state.get("foreign_load") or {}),
+            host={
+                **(result.machine_state.get("foreign_load") or {}),
+                # on a cluster: the step, its nodes and NCCL's transport between them
+                **({"slurm": result.machine_state["slurm"]} if "slurm" in result.machine_state else {}),
+            },
             wall_s=result.wall_s,
             phases_s=dict(result.phases_s),
             anatomy=(

@@ -24,22 +24,10 @@ from typing import Any
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.records import FileFormatError, RankFailure, RankResult, read_document
 from scaleguard.ranks import faults, worker
+from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
 ANATOMY_GRACE_S = 30.0  # for peers of a rank lost in the step anatomy to finish or fail
-
-
-class CaseFailedError(RuntimeError):
-    """A case could not produce a result; the message names the case, the rank and why."""
-
-    def __init__(self, case_id: str, rank: int | None, reason: str, detail: str = "") -> None:
-        self.case_id = case_id
-        self.rank = rank
-        self.reason = reason
-        self.detail = detail
-        who = f"rank {rank}" if rank is not None else "all ranks"
-        text = f"{case_id}: {who}: {reason}"
-        super().__init__(f"{text}\n{detail}".rstrip())
 
 
 @dataclass(frozen=True)
@@ -180,15 +168,6 @@ def _explain_exit(spec: CaseSpec, run_dir: Path, exits: list[_Exit]) -> CaseFail
         f"exited with code {first.exitcode} without writing an error file",
         tail.strip(),
     )
-
-
-@dataclass(frozen=True)
-class Interpreter:
-    """The Python that runs the ranks (another virtual environment, for paired A/B runs), and
-    environment variables set for its ranks only."""
-
-    python: str
-    env: tuple[tuple[str, str], ...] = ()
 
 
 @contextlib.contextmanager

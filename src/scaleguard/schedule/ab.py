@@ -33,7 +33,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.records import ID_PATTERN, RunResult
 from scaleguard.evidence.verdict import Status, Thresholds, judge_shift
-from scaleguard.ranks.launcher import CaseFailedError, Interpreter
+from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 from scaleguard.schedule import runner
 
 MAX_DROPPED = 2  # failed pairs before the case itself fails

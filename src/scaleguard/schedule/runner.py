@@ -11,7 +11,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.evidence.records import RunResult, phase_breakdown
 from scaleguard.machine import foreign_load
 from scaleguard.machine import state as machine_state
-from scaleguard.ranks import launcher
+from scaleguard.ranks import launcher, protocol
 
 
 def run_once(
@@ -19,7 +19,7 @@ def run_once(
     run_dir: Path,
     timeout_s: float,
     foreign_limit_cores: float | None = None,
-    interpreter: launcher.Interpreter | None = None,
+    interpreter: protocol.Interpreter | None = None,
     pools: launcher.Pools | None = None,
 ) -> RunResult:
     """Measure ``spec`` once: in ``pools`` (processes that have not run this case), or in
@@ -32,7 +32,7 @@ def run_once(
         pools: the session's rank pool; None: fresh processes for this run alone.
 
     Raises:
-        launcher.CaseFailedError: a rank raised, died, hung or left no result.
+        protocol.CaseFailedError: a rank raised, died, hung or left no result.
     """
     gpus = spec.world_size if spec.device == "cuda" else 0
     if spec.settings.shared_gpu:  # ranks share the GPUs: watch the devices that exist

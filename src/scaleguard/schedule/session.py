@@ -19,7 +19,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.records import RunResult
 from scaleguard.evidence.verdict import Status, Verdict
-from scaleguard.ranks.launcher import CaseFailedError
+from scaleguard.ranks.protocol import CaseFailedError
 from scaleguard.schedule import runner
 
 RunFn = Callable[[CaseSpec, Path, float], RunResult]

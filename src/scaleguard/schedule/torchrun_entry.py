@@ -23,9 +23,9 @@ import time
 import uuid
 from pathlib import Path
 
-from scaleguard.case import MODES
+from scaleguard.case import MODES, CaseSpec
 from scaleguard.evidence.records import Fields, FileFormatError, RunResult, atomic_write_json, read_document
-from scaleguard.machine.env import gpu_inventory
+from scaleguard.machine.env import GpuInventory, gpu_inventory
 from scaleguard.ranks import worker
 from scaleguard.schedule.matrix import MatrixOptions, plan
 from scaleguard.schema import SCHEMA_VERSION
@@ -33,7 +33,13 @@ from scaleguard.schema import SCHEMA_VERSION
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scaleguard.schedule.torchrun_entry")
-    parser.add_argument("--case", required=True, help="case id, e.g. resnet50-ddp-ws16-bf16-strong")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--case", help="case id, e.g. resnet50-ddp-ws16-bf16-strong")
+    which.add_argument(
+        "--spec",
+        type=Path,
+        help="the case as a JSON file (the session's own CaseSpec, as --perf-slurm writes it)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory for the case record")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--profile", default="auto", choices=("auto", "smoke", "full"))
@@ -42,16 +48,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads-per-rank", type=int)
     parser.add_argument("--workloads", default="", help="your workloads, as --perf-workloads takes them")
     args = parser.parse_args(argv)
+    _from_slurm(os.environ)
     try:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     except KeyError as exc:
         print(
-            f"scaleguard.schedule.torchrun_entry: {exc} is not set: start this module with torchrun",
+            f"scaleguard.schedule.torchrun_entry: {exc} is not set: start this module with torchrun or srun",
             file=sys.stderr,
         )
         return 2
+    if args.spec is not None:
+        try:
+            spec = CaseSpec.from_fields(
+                Fields.of(
+                    read_document(args.spec, "case file", _SPEC_FIX), f"case file {args.spec}", _SPEC_FIX
+                )
+            )
+        except FileFormatError as exc:
+            print(f"scaleguard.schedule.torchrun_entry: {exc}", file=sys.stderr)
+            return 2
+        gpus = gpu_inventory()
+    else:
+        planned_spec = _plan_case(args, world, local_world)
+        if isinstance(planned_spec, int):
+            return planned_spec
+        spec, gpus = planned_spec
+    if spec.device == "cuda" and local_world > gpus.count:
+        print(
+            f"{args.case}: needs {local_world} CUDA devices per node, {gpus.count} visible", file=sys.stderr
+        )
+        return 2
+    if spec.nprocs != world:
+        print(f"{args.case}: runs {spec.nprocs} processes, torchrun started {world}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_dir = args.out / f"{spec.case_id}.ranks"
+    run_dir.mkdir(exist_ok=True)
+    # rank 0 alone writes the marker and the record, so only its id matters
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SCALEGUARD_RUN_ID", "torchrun")
+    if rank == 0:
+        run_id = _start_marker(args.out, spec.case_id, run_id)
+    from scaleguard.ranks import faults
+
+    job = worker.Job(
+        spec, tuple(worker.RankFiles.in_dir(run_dir, r) for r in range(world)), faults.requested()
+    )
+    worker.run_job(
+        job, worker.Membership(rank, world, local_rank, None), case_out=str(args.out), run_id=run_id
+    )
+    worker.finish()
+    if rank == 0:
+        _write_marker(args.out, spec.case_id, run_id, "done")
+    return 0
+
+
+_SPEC_FIX = "the session writes it: run the case again from pytest --perf-slurm"
+
+
+def _from_slurm(env: dict[str, str] | os._Environ[str]) -> None:
+    """Under ``srun`` (one task per rank): torch's RANK/WORLD_SIZE/LOCAL_RANK from Slurm's."""
+    if "RANK" in env or "SLURM_PROCID" not in env:
+        return
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1"))
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    # SLURM_TASKS_PER_NODE is "2(x3),1": this node's share is what srun placed here
+    per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE", "")
+    env["LOCAL_WORLD_SIZE"] = per_node.split("(")[0].split(",")[0] or env["WORLD_SIZE"]
+
+
+def _plan_case(args: argparse.Namespace, world: int, local_world: int) -> tuple[CaseSpec, GpuInventory] | int:
+    """The case named by ``--case``, planned here as the suite would plan it."""
     threads = args.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
     options = MatrixOptions(
         device=args.device,
@@ -78,34 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    spec = matches[0].spec
-    if spec.device == "cuda" and local_world > gpus.count:
-        print(
-            f"{args.case}: needs {local_world} CUDA devices per node, {gpus.count} visible", file=sys.stderr
-        )
-        return 2
-    if spec.nprocs != world:
-        print(f"{args.case}: runs {spec.nprocs} processes, torchrun started {world}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    run_dir = args.out / f"{spec.case_id}.ranks"
-    run_dir.mkdir(exist_ok=True)
-    # rank 0 alone writes the marker and the record, so only its id matters
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
-    if rank == 0:
-        run_id = _start_marker(args.out, spec.case_id, run_id)
-    from scaleguard.ranks import faults
-
-    job = worker.Job(
-        spec, tuple(worker.RankFiles.in_dir(run_dir, r) for r in range(world)), faults.requested()
-    )
-    worker.run_job(
-        job, worker.Membership(rank, world, local_rank, None), case_out=str(args.out), run_id=run_id
-    )
-    worker.finish()
-    if rank == 0:
-        _write_marker(args.out, spec.case_id, run_id, "done")
-    return 0
+    return matches[0].spec, gpus
 
 
 def record_path(out: Path, case_id: str) -> Path:

@@ -1,0 +1,209 @@
+"""``pytest perf/ --perf-slurm`` on a real two-node Slurm (tools/local_slurm.sh): recorded and
+judged across the nodes like a local session; each scheduler fault said, with an empty queue."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaleguard.ranks.faults import FAULT_ENV
+from tests.cluster.conftest import queue
+from tests.conftest import tagged_pids
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+
+KEY = "slurm-cpu-*-1t-1pn.json"
+
+
+def cluster_args(root: Path, shared: Path, *extra: str) -> list[str]:
+    """The cluster session's options; the run's files under ``shared``, its rootdir beside it
+    (an argument that is a path, as --benchmark-storage, would move pytest's rootdir)."""
+    return [
+        "--rootdir",
+        str(root),
+        "--perf-slurm",
+        "--perf-device",
+        "cpu",
+        "--perf-models",
+        "transformer_tiny",
+        "--perf-modes",
+        "ddp",
+        "--perf-scaling",
+        "strong",
+        "--perf-inputs",
+        "synthetic",
+        "--perf-steps",
+        "5",
+        "--perf-warmup",
+        "2",
+        "--perf-threads-per-rank",
+        "1",
+        "--perf-slurm-dir",
+        str(shared),
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        *extra,
+    ]
+
+
+def test_a_two_node_session_is_recorded_judged_and_catches_a_slowdown_on_one_node(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
+) -> None:
+    shared = tmp_path / "shared"
+    recorded = suite.runpytest_subprocess(
+        *cluster_args(suite.path, shared, "--perf-update-baselines", "--perf-repeats", "3"), timeout=400
+    )
+    recorded.assert_outcomes(passed=2)
+    out = recorded.stdout.str()
+    assert "Slurm allocation" in out and "n1,n2" in out
+    (path,) = (suite.path / "baselines").glob(KEY)
+    data = json.loads(path.read_text())
+    assert data["hardware"]["scheduler"] == "slurm" and data["hardware"]["ranks_per_node"] == 1
+    (entry,) = data["cases"]["transformer_tiny-ddp-ws2-fp32-strong"].values()
+    assert entry["config"]["nodes"] == 2  # a two-node case: never compared with a one-node one
+    assert len(entry["runs"]) == 3
+    assert all(r["host"]["slurm"]["nodes"] == ["n1", "n2"] for r in entry["runs"])
+    (ws1,) = data["cases"]["transformer_tiny-ddp-ws1-fp32-strong"].values()
+    assert "nodes" not in ws1["config"]  # one node: a one-node record of the same case matches
+
+    bench = tmp_path / "bench"
+    judged = suite.runpytest_subprocess(
+        *cluster_args(suite.path, shared, "--benchmark-save=cluster", f"--benchmark-storage=file://{bench}"),
+        timeout=400,
+    )
+    judged.assert_outcomes(passed=2)
+    assert "REGRESSED" not in judged.stdout.str()
+    (saved,) = bench.glob("*/*_cluster.json")
+    params = sorted(b["param"] for b in json.loads(saved.read_text())["benchmarks"])
+    assert params == ["transformer_tiny-ddp-ws1-fp32-strong", "transformer_tiny-ddp-ws2-fp32-strong"]
+    history = suite.path / ".scaleguard" / "history.sqlite"
+    assert history.is_file()
+
+    # rank 1 runs on n2: 4x its compute there, n1 untouched
+    os.environ[FAULT_ENV] = "slow,rank=1,pct=300"
+    try:
+        slowed = suite.runpytest_subprocess(*cluster_args(suite.path, shared, "-k", "ws2"), timeout=400)
+    finally:
+        del os.environ[FAULT_ENV]
+    slowed.assert_outcomes(failed=1, deselected=1)
+    slowed.stdout.fnmatch_lines(["*transformer_tiny-ddp-ws2-fp32-strong REGRESSED: step*"])
+
+
+def test_a_rank_killed_mid_run_fails_its_case_with_the_step_and_the_rank(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(FAULT_ENV, "sigkill,rank=1,phase=measure,step=2")
+    result = suite.runpytest_subprocess(
+        *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2"), timeout=400
+    )
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        ["*transformer_tiny-ddp-ws2-fp32-strong: rank 1: Slurm step *.* on n1,n2 ended FAILED*task 1 on n2*"]
+    )
+
+
+def test_a_hung_rank_meets_the_cases_deadline(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(FAULT_ENV, "hang,rank=1,phase=measure,step=1")
+    started = time.monotonic()
+    result = suite.runpytest_subprocess(
+        *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-timeout", "10"), timeout=400
+    )
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        ["*ws2-fp32-strong*Slurm step * past its deadline of 40 s; srun interrupted*"]
+    )
+    assert time.monotonic() - started < 200
+
+
+def test_an_allocation_past_its_time_limit_fails_the_case_running_on_it(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(FAULT_ENV, "hang,rank=1,phase=measure,step=1")
+    result = suite.runpytest_subprocess(
+        *cluster_args(
+            suite.path, tmp_path / "shared", "-k", "ws2", "--perf-slurm-time", "1", "--perf-timeout", "400"
+        ),
+        timeout=500,
+    )
+    result.assert_outcomes(failed=1, deselected=1)
+    # Slurm ends the allocation at its limit (it checks about once a minute), and the step on it
+    result.stdout.re_match_lines([r".*ws2-fp32-strong.*Slurm step \S+ on n1,n2 ended (TIMEOUT|CANCELLED).*"])
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_partition_that_is_down_is_said_with_the_queue_reason_not_waited_out(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, skip: bool
+) -> None:
+    args = ["--perf-slurm-partition", "closed", "--perf-slurm-pending-timeout", "5"]
+    result = suite.runpytest_subprocess(
+        *cluster_args(
+            suite.path, tmp_path / "shared", *args, *(["--perf-slurm-skip-pending", "-rs"] if skip else [])
+        ),
+        timeout=200,
+    )
+    if skip:
+        result.assert_outcomes(skipped=2)
+    else:
+        result.assert_outcomes(failed=2)
+    result.stdout.re_match_lines(
+        [r".*Slurm allocation \d+ \(2 node\(s\), partition closed\) still pending after 5 s "
+         r"\(reason: PartitionDown\); cancelled.*"]
+    )  # fmt: skip
+
+
+def test_ctrl_c_during_a_run_cancels_the_step_and_the_allocation(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
+) -> None:
+    env = {**os.environ, FAULT_ENV: "hang,rank=0,phase=measure,step=1"}
+    cmd = [sys.executable, "-m", "pytest", *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2")]
+    proc = subprocess.Popen(cmd, cwd=suite.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "shared").glob("*/*/srun.log")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(8)  # the step's ranks are up (and rank 0 hangs)
+    assert queue(), "the allocation should be running"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out.decode()[-2000:]  # pytest: interrupted
+    assert b"KeyboardInterrupt" in out
+    assert not queue()
+    deadline = time.monotonic() + 30
+    while tagged_pids(process_tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def test_ab_on_a_cluster_alternates_both_sides_on_one_allocation(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
+) -> None:
+    result = suite.runpytest_subprocess(
+        *cluster_args(
+            suite.path,
+            tmp_path / "shared",
+            "-k",
+            "ws2",
+            "--perf-ab-b",
+            sys.executable,
+            "--perf-ab-pairs",
+            "3",
+        ),
+        timeout=500,
+    )
+    out = result.stdout.str()
+    assert out.count("Slurm allocation ") == 1, out[-3000:]  # one allocation holds A and B
+    assert "REGRESSED" not in out
+    runs = sorted((tmp_path / "shared").glob("ab-*/*/srun.log"))
+    assert len(runs) >= 6 and {p.parent.name.split(".")[-1][0] for p in runs} == {"A", "B"}
