@@ -60,6 +60,14 @@ CONF
 
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+port_busy() {  # a TCP listener on 127.0.0.1/0.0.0.0:$1 (ss from iproute2, else /proc/net/tcp)
+    if command -v ss >/dev/null; then
+        ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+    else
+        grep -qi ":$(printf '%04X' "$1") 00000000:0000 0A" /proc/net/tcp 2>/dev/null
+    fi
+}
+
 start() {
     command -v slurmctld >/dev/null || { echo "slurm-wlm is not installed: apt-get install -y slurm-wlm munge" >&2; exit 2; }
     write_conf
@@ -69,7 +77,18 @@ start() {
         [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
         runuser -u munge -- /usr/sbin/munged --force
     fi
-    running "$DIR/slurmctld.pid" || slurmctld -f "$CONF"
+    if ! running "$DIR/slurmctld.pid"; then
+        # another cluster (another state dir) on these ports would answer our commands with its
+        # own nodes and jobs: refuse instead of using it
+        for port in 16817 16818 16819; do
+            if port_busy "$port"; then
+                echo "local slurm: port $port is taken (another local cluster? stop it with its own" \
+                     "SCALEGUARD_SLURM_DIR: tools/local_slurm.sh stop)" >&2
+                exit 1
+            fi
+        done
+        slurmctld -f "$CONF"
+    fi
     for n in n1 n2; do
         running "$DIR/slurmd-$n.pid" || slurmd -f "$CONF" -N "$n"
     done

@@ -312,6 +312,8 @@ def _slurm(
     except ValueError as exc:
         raise ConfigError(f"--perf-slurm-args is not a shell-quoted string ({exc})") from None
     shared = text("slurm-dir")
+    # every node writes its rank files there: a file, a link or no write access is said now
+    check_output_path(Path(shared) if shared else None, "--perf-slurm-dir", directory=True)
     return SlurmOptions(
         nodes=nodes,
         ranks_per_node=count("slurm-ranks-per-node", 1, 1024),

@@ -283,8 +283,12 @@ class Suite:
             from scaleguard.schedule import slurm
 
             assert self.config.slurm is not None
-            planned = [p.spec for p in self.planned() if p.skip_reason is None]
-            nodes = max((s.settings.nodes for s in planned), default=1)
+            # as many nodes as the selected cases need (-k ws8 on a 1,2 plan holds one node)
+            runnable = {p.spec.case_id for p in self.planned() if p.skip_reason is None}
+            chosen = [s for s in self.selected if s.case_id in runnable] or [
+                p.spec for p in self.planned() if p.skip_reason is None
+            ]
+            nodes = max((s.settings.nodes for s in chosen), default=1)
             allocation = slurm.Allocation(self.config.slurm, nodes, f"scaleguard-{session_id}", self.progress)
             self._slurm_runner = slurm.SlurmRunner(allocation)
         return self._slurm_runner

@@ -3,6 +3,8 @@ and the options refused before anything is queued. (The real cluster: tests/clus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from scaleguard.config import ConfigError, PerfConfig
@@ -120,3 +122,13 @@ def test_slurm_options_are_read_into_one_value(monkeypatch: pytest.MonkeyPatch) 
         nodes=(2, 4), ranks_per_node=8, extra_args=("--qos=perf", "--constraint=h100 x"), skip_pending=True
     )
     assert _read({}, set()).slurm is None
+
+
+def test_a_shared_dir_that_is_a_file_is_refused_at_configure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slurm, "missing_commands", lambda: [])
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(ConfigError, match="--perf-slurm-dir"):
+        _read({"slurm-dir": str(target)}, {"slurm"})
