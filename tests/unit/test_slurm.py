@@ -132,3 +132,8 @@ def test_a_shared_dir_that_is_a_file_is_refused_at_configure(
     target.write_text("x")
     with pytest.raises(ConfigError, match="--perf-slurm-dir"):
         _read({"slurm-dir": str(target)}, {"slurm"})
+
+
+def test_a_wrapping_jobs_slurm_variables_do_not_reach_salloc_or_srun() -> None:
+    env = {"SLURM_CONF": "/etc/slurm.conf", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2", "PATH": "/bin"}
+    assert slurm.clean_env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}

@@ -128,6 +128,13 @@ def _show(kind: str, name: str) -> dict[str, str]:
     return fields
 
 
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment for salloc and srun without the SLURM_* of a job this session may run in
+    (an sbatch wrapper): srun reads SLURM_NTASKS, SLURM_CPUS_PER_TASK ... as if they were its
+    own flags. SLURM_CONF (which cluster) stays."""
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
 def hostnames(nodelist: str) -> list[str]:
     done = _run(["scontrol", "show", "hostnames", nodelist])
     return done.stdout.split() if done.returncode == 0 else [nodelist]
@@ -230,8 +237,9 @@ class Allocation:
         cmd = self.salloc_command()
         deadline = time.monotonic() + self.options.pending_timeout_s
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env=clean_env(os.environ),
+        )  # fmt: skip
         lines: list[str] = []
         try:
             assert proc.stdout is not None
@@ -339,6 +347,9 @@ class Allocation:
             f"--nodes={nodes}",
             f"--ntasks={ntasks}",
             f"--ntasks-per-node={per_node}",
+            # the first n nodes of the allocation, in order: rank 0 (and the rendezvous) lands on
+            # the first, and every run of an n-node case uses the same nodes
+            f"--nodelist={','.join(self.nodelist[:nodes])}",
             "--kill-on-bad-exit=1",
             f"--time={limit_min}",
             f"--job-name={self.name}",
@@ -348,7 +359,7 @@ class Allocation:
         started = time.monotonic()
         with log.open("w") as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=clean_env(env), start_new_session=True
             )
             try:
                 returncode = proc.wait(timeout=timeout_s + STEP_GRACE_S)
