@@ -24,6 +24,7 @@ from scaleguard import options
 from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence import baseline, benchmark_io
 from scaleguard.evidence.baseline import BaselineError
+from scaleguard.evidence.document import inert
 from scaleguard.evidence.records import FileFormatError
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Thresholds, Verdict, decide
@@ -137,13 +138,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows = judge_all(old, new, thresholds_from(args, "cpu" if devices == {"cpu"} else "cuda"), old_label)
     console = Console(width=180, markup=False)
     if old_key != new_key:
-        console.print(
-            report.inert(f"warning: comparing across hardware ({old_key} -> {new_key})"), markup=False
-        )
+        console.print(inert(f"warning: comparing across hardware ({old_key} -> {new_key})"), markup=False)
     console.print(report.compare_table(rows, old_label, new_label))
     for _, verdict in rows:
         if verdict.status is not Status.OK:
-            console.print(report.inert(verdict.story), markup=False, highlight=False)
+            console.print(inert(verdict.story), markup=False, highlight=False)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(report.compare_markdown(rows, old_label, new_label), encoding="utf-8")
@@ -206,12 +205,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         console.print(table)
     for verdict in ledger.verdicts.values():
         if verdict.status is not Status.OK:
-            console.print(report.inert(verdict.story), markup=False, highlight=False)
+            console.print(inert(verdict.story), markup=False, highlight=False)
     code = EXIT_REGRESSED if any(v.failed for v in ledger.verdicts.values()) else 0
     if args.update_baselines:
         update = ledger.update_baselines()
         for line in report.baseline_update_lines(update):
-            console.print(report.inert(line), markup=False, highlight=False)
+            console.print(inert(line), markup=False, highlight=False)
         if update.refused is not None:
             code = EXIT_BAD_INPUT
     if db is not None:
@@ -221,9 +220,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             added = db.append(
                 [ledger.evidence(c) for c in ledger.completed], hardware_key, "ingest", verdicts
             )
-        console.print(
-            report.inert(f"scaleguard: history {args.history}: {added} runs appended"), markup=False
-        )
+        console.print(inert(f"scaleguard: history {args.history}: {added} runs appended"), markup=False)
     return code
 
 
@@ -266,7 +263,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     if args.args:
         raise UsageProblem(
-            f"history: unknown argument {report.inert(args.args[0])!r} (did you mean `history import FILES`?)"
+            f"history: unknown argument {inert(args.args[0])!r} (did you mean `history import FILES`?)"
         )
     if args.html is not None:
         check_output(args.html, "--html", (".html", ".htm"))
@@ -284,7 +281,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not groups:
         print(f"scaleguard history {path}: no runs match")
         return 0
-    out = report.inert
+    out = inert
     settings = config_from(args).thresholds  # --threshold-step: the smallest change of level shown
     for (key, case_id), case_rows in sorted(groups.items()):
         nights = history.nightly(case_rows)

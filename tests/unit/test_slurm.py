@@ -137,3 +137,20 @@ def test_a_shared_dir_that_is_a_file_is_refused_at_configure(
 def test_a_wrapping_jobs_slurm_variables_do_not_reach_salloc_or_srun() -> None:
     env = {"SLURM_CONF": "/etc/slurm.conf", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2", "PATH": "/bin"}
     assert slurm.clean_env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
+
+
+def test_sruns_log_is_read_from_both_ends_only(tmp_path: Path) -> None:
+    log = tmp_path / "srun.log"
+    middle = b"NCCL INFO noise\n" * 200_000  # 3.2 MB
+    log.write_bytes(b"NCCL INFO NET/IB : Using mlx5_0\n" + middle + b"srun: error: n2: task 1: Killed\n")
+    text = slurm.read_log(log)
+    assert len(text) < 600_000
+    assert slurm.nccl_transport(text) == "IB"
+    assert slurm.first_task_error(text) == "task 1 on n2: Killed"
+    assert "bytes of srun's log not read" in text
+
+
+def test_a_failures_srun_lines_are_inert_on_the_terminal() -> None:
+    outcome = slurm.StepOutcome("1.0", 1, "FAILED", 1.0, "rank says \x1b[2Jhi\nscaleguard: forged\r\n", False)
+    tail = outcome.tail()
+    assert "\x1b" not in tail and "\r" not in tail and "\\x1b[2Jhi" in tail

@@ -382,3 +382,13 @@ class Fields:
                 )
             out.append(number)
         return tuple(out)
+
+
+def inert(text: object) -> str:
+    """Text from files or the history for a terminal: control and format characters (newlines,
+    escape sequences, bidi overrides) shown as ``\\x..`` escapes, so a stored value can neither
+    draw a line of its own (a forged "change point") nor drive the terminal."""
+    value = str(text)
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in value)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from scaleguard.case import CaseSpec
 from scaleguard.evidence import anatomy, metrics
+from scaleguard.evidence.document import inert
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Verdict
 
@@ -290,16 +291,6 @@ def compare_table(rows: Rows, old_label: str, new_label: str) -> Table:
     table.caption = "spread: run-to-run spread used; * assumed (young baseline)"
     table.caption_justify = "left"
     return table
-
-
-def inert(text: object) -> str:
-    """Text from files or the history for a terminal: control and format characters (newlines,
-    escape sequences, bidi overrides) shown as ``\\x..`` escapes, so a stored value can neither
-    draw a line of its own (a forged "change point") nor drive the terminal."""
-    value = str(text)
-    if value.isprintable():
-        return value
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in value)
 
 
 def md_cell(text: str) -> str:

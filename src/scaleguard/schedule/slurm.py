@@ -26,7 +26,6 @@ first failing rank's error; Ctrl-C cancels the step and the allocation.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
+from scaleguard.evidence.document import inert
 from scaleguard.evidence.records import (
     FileFormatError,
     RankFailure,
@@ -56,6 +56,9 @@ POLL_S = 1.0
 RELEASE_DEADLINE_S = 60.0  # scancel, then squeue must stop listing the allocation
 STEP_GRACE_S = 30.0  # past the case's own deadline, srun is interrupted (its ranks killed)
 OUTPUT_TAIL = 40  # lines of srun's output kept for a failure's story
+# srun's log is read from both ends only: NCCL's INFO lines of 16 ranks run to megabytes, and a
+# rank may print anything. Its start holds NCCL's transport, its end how the step ended
+LOG_HEAD_BYTES = LOG_TAIL_BYTES = 256 * 2**10
 
 
 class SlurmError(RuntimeError):
@@ -265,12 +268,12 @@ class Allocation:
                     lines += (buffer + rest).splitlines()
                     if any("Granted job allocation" in line for line in lines):
                         break
-                    said = " | ".join(line.strip() for line in lines if line.strip())[-600:]
+                    said = inert(" | ".join(line.strip() for line in lines if line.strip())[-600:])
                     raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
                 if self.job_id is not None:
                     state = queue_state(self.job_id)
                     if state is not None:
-                        reason = state[1]
+                        reason = inert(state[1][:200])
                 if time.monotonic() > deadline:
                     waited = self.options.pending_timeout_s
                     job = self.job_id or "(no id yet)"
@@ -314,12 +317,6 @@ class Allocation:
                 return
             time.sleep(0.2)
         self.say(f"Slurm allocation {job} still listed {RELEASE_DEADLINE_S:.0f} s after scancel")
-
-    def alive(self) -> bool:
-        if self.job_id is None:
-            return False
-        state = queue_state(self.job_id)
-        return state is not None and state[0] == "RUNNING"
 
     # -- one run ---------------------------------------------------------------------------------
 
@@ -370,7 +367,7 @@ class Allocation:
             except BaseException:
                 _kill_group(proc)
                 raise
-        output = log.read_text(errors="replace")
+        output = read_log(log)
         state = "TIMEOUT" if timed_out else step_state(output, returncode)
         step_id = _step_id(output) or f"{self.job_id} (step {self._steps})"
         return StepOutcome(step_id, returncode, state, time.monotonic() - started, output, timed_out)
@@ -386,8 +383,24 @@ class StepOutcome:
     timed_out: bool  # our deadline, not Slurm's
 
     def tail(self) -> str:
+        """srun's last lines, each made inert for the terminal (ranks may print anything)."""
         lines = [line for line in self.output.splitlines() if line.strip()]
-        return "\n".join(lines[-OUTPUT_TAIL:])
+        return "\n".join(inert(line[:500]) for line in lines[-OUTPUT_TAIL:])
+
+
+def read_log(log: Path) -> str:
+    """The first and last 256 KiB of srun's log (all of it when smaller)."""
+    with log.open("rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(0)
+        if size <= LOG_HEAD_BYTES + LOG_TAIL_BYTES:
+            data = fh.read()
+        else:
+            head = fh.read(LOG_HEAD_BYTES)
+            fh.seek(size - LOG_TAIL_BYTES)
+            skipped = size - LOG_HEAD_BYTES - LOG_TAIL_BYTES
+            data = head + f"\n[... {skipped} bytes of srun's log not read ...]\n".encode() + fh.read()
+    return data.decode("utf-8", errors="replace")
 
 
 _STEP_ID = re.compile(r"StepId=(\d+\.\d+)|STEP (\d+\.\d+)")
@@ -417,15 +430,9 @@ class SlurmRunner:
     """The session's run function on a cluster: ``(spec, run_dir, timeout_s) -> RunResult``,
     raising ``protocol.CaseFailedError`` for a run that did not finish on every rank."""
 
-    def __init__(
-        self,
-        allocation: Allocation,
-        python: str = sys.executable,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, allocation: Allocation, python: str = sys.executable) -> None:
         self.allocation = allocation
         self.python = python
-        self.extra_env = dict(extra_env or {})
         self.skip_pending = allocation.options.skip_pending
         self.not_started: str | None = None
 
@@ -446,7 +453,7 @@ class SlurmRunner:
         spec_path = run_dir / "case.json"
         atomic_write_json(spec_path, spec.to_dict())
         nodes = spec.settings.nodes
-        env = {**os.environ, **self.extra_env, **dict(interpreter.env if interpreter else ())}
+        env = {**os.environ, **dict(interpreter.env if interpreter else ())}
         python = interpreter.python if interpreter else self.python
         env.update(
             MASTER_ADDR=alloc.head_addr if nodes > 1 else "127.0.0.1",
@@ -506,9 +513,10 @@ class SlurmRunner:
         # Slurm's task number is the rank: a task killed outright names the rank that died
         task_rank = re.match(r"task (\d+)", task) if task else None
         rank = int(task_rank.group(1)) if task_rank else (failure.rank if failure else None)
-        parts = [f"srun: {task}"] if task else []
+        parts = [f"srun: {inert(task)}"] if task else []
         if failure:
-            parts.append(f"rank {failure.rank} in {failure.phase}: {failure.exc_type}: {failure.message}")
+            said = f"{failure.exc_type}: {failure.message}"
+            parts.append(f"rank {failure.rank} in {inert(failure.phase)}: {inert(said[:2000])}")
         elif not task:
             parts.append("no rank wrote an error (killed, or lost with its node)")
         said = "; " + "; ".join(parts)
@@ -535,12 +543,6 @@ def first_failure(ranks_dir: Path, nprocs: int) -> RankFailure | None:
         except FileFormatError:
             continue
     return min(found, key=lambda f: f.unix_time) if found else None
-
-
-def write_session_note(directory: Path, data: Mapping[str, Any]) -> None:
-    """What the session asked Slurm for, beside its runs (for whoever reads the shared dir)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "session.json").write_text(json.dumps(dict(data), indent=1, default=str))
 
 
 # -- planning on a cluster -----------------------------------------------------------------------
