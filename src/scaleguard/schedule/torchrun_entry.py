@@ -98,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     worker.run_job(
         job, worker.Membership(rank, world, local_rank, None), case_out=str(args.out), run_id=run_id
     )
-    worker.finish()
     if rank == 0:
         _write_marker(args.out, spec.case_id, run_id, "done")
+    # no process-group teardown: the work is done and written, and the caller exits at once
+    # (a finished rank aborted in gloo's teardown at exit, "terminate called without an active
+    # exception", and srun's --kill-on-bad-exit then failed a complete run)
     return 0
 
 
@@ -198,4 +200,7 @@ def read_finished_record(path: Path) -> RunResult:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip the interpreter's teardown of torch's threads (see main)
