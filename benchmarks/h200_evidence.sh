@@ -5,14 +5,19 @@
 #                             committed baseline (STRIP=1 first drops runs that carry no GPU busy
 #                             time: every run of the file must have it)
 #   judge                     the README's main command, as a user runs it, timed, full log
-#   resolve                   --perf-threshold-step 0.01 on the steady bs-256 cases: an A/A session,
-#                             then device-side slowdowns of 1.5 % and 3 % (SCALEGUARD_INJECT_FAULT
-#                             slow,pct=P: a GPU spin of P % of each step's own device time)
+#   resolve [FAULT...]        --perf-threshold-step 0.01 on the steady bs-256 cases, one session per
+#                             FAULT (default: none slow,pct=1.5 slow,pct=3): an A/A session, then
+#                             device-side slowdowns (SCALEGUARD_INJECT_FAULT slow,pct=P: a GPU spin of
+#                             P % of each step's own device time); A/A gets FAULT_LIMIT (100 s), a
+#                             slowdown SLOW_LIMIT (230 s: caught cases buy confirm runs)
+# The baseline file is this machine's (`scaleguard hardware-key`): an H100 lent for an H200 call
+# records and judges its own file, never the H200's.
 # Every step has its own deadline (LIMIT) so one call never runs past its slot; logs go to OUTDIR.
 set -u
 phase=$1; out=$2
 . "$(dirname "$0")/h200_common.sh"
-base=baselines/cuda-nvidia-h200-x1.json
+base=baselines/$(python -m scaleguard.cli hardware-key).json
+echo "baseline file: $base"
 steady='resnet50- and strong and not cifar and not loader'
 case $phase in
   record)
@@ -52,11 +57,15 @@ EOF
     echo "judge session: $(( $(date +%s) - start )) s"
     grep -E "machine probe|PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$out/judge.log" | cut -c1-160 | tail -32 ;;
   resolve)
-    for fault in none "slow,pct=1.5" "slow,pct=3"; do
-      tag=${fault//[,=.]/_}
+    shift 2
+    faults=("$@"); [ ${#faults[@]} -eq 0 ] && faults=(none "slow,pct=1.5" "slow,pct=3")
+    n=0
+    for fault in "${faults[@]}"; do
+      n=$((n + 1)); tag=$n-${fault//[,=.]/_}
       start=$(date +%s)
-      if [ "$fault" = none ]; then unset SCALEGUARD_INJECT_FAULT; else export SCALEGUARD_INJECT_FAULT=$fault; fi
-      timeout -s INT "${FAULT_LIMIT:-100}" python -m pytest perf/test_train_step.py -k "$steady" -v -rfE \
+      if [ "$fault" = none ]; then unset SCALEGUARD_INJECT_FAULT; limit=${FAULT_LIMIT:-100}
+      else export SCALEGUARD_INJECT_FAULT=$fault; limit=${SLOW_LIMIT:-230}; fi
+      timeout -s INT "$limit" python -m pytest perf/test_train_step.py -k "$steady" -v -rfE \
         --perf-threshold-step 0.01 --perf-no-history 2>&1 | stamp > "$out/resolve-$tag.log"
       echo "== $fault: $(( $(date +%s) - start )) s"
       grep -E "REGRESSED|OK|IMPROVED|INCONCLUSIVE|confirm" "$out/resolve-$tag.log" | grep -v PASSED | cut -c1-260 | head -12
