@@ -159,21 +159,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     config = config_from(args)  # thresholds checked before any record is read
     if args.hardware_key is not None:
         baseline.check_key(args.hardware_key, "--hardware-key")
-    results = [torchrun_entry.read_finished_record(path) for path in args.files]
+    records = [torchrun_entry.read_finished_record(path) for path in args.files]
     db = None
     if args.history is not None:
         from scaleguard.history.database import History
 
         db = History(args.history)  # opened (and checked) before anything is judged or written
-    results.sort(key=lambda r: (r.spec.group_id, r.spec.world_size))
-    first = results[0]
+    records.sort(key=lambda r: (r[0].group_id, r[0].world_size))
+    first_spec, first = records[0]
     hardware_key = args.hardware_key or baseline.hardware_key(
         # a torchrun job's hardware is its whole world: nodes x GPUs
-        first.spec.device,
+        first_spec.device,
         first.device_name,
-        max(r.spec.world_size for r in results),
+        max(spec.world_size for spec, _ in records),
         first.device_name,
-        first.spec.settings.threads_per_rank,
+        first_spec.settings.threads_per_rank,
     )
     if not args.baselines.is_dir() and not args.update_baselines:
         raise UsageProblem(
@@ -189,17 +189,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         path=path,
         file=loaded,
         hardware_key=hardware_key,
-        hardware={"device": first.spec.device, "gpu_name": first.device_name, "source": "torchrun"},
+        hardware={"device": first_spec.device, "gpu_name": first.device_name, "source": "torchrun"},
         torch_pick=args.baseline_torch,
-        thresholds=config.thresholds.for_device(first.spec.device),
+        thresholds=config.thresholds.for_device(first_spec.device),
         commit=baseline.git_commit(Path.cwd()),
     )
-    ledger = Ledger(f"ingest-{first.run_id}", ctx)
-    for result in results:
-        ledger.add(result, session=result.run_id or None)
-    for result in results:
-        ledger.judge(result.spec.case_id)
-        ledger.complete(result.spec.case_id)
+    ledger = Ledger(f"ingest-{first.session}", ctx)
+    for spec, run in records:
+        ledger.add(spec, run, session=run.session or None)
+    for spec, _ in records:
+        ledger.judge(spec.case_id)
+        ledger.complete(spec.case_id)
     console = Console(width=180, markup=False)
     for table in report.scaling_tables(ledger):
         console.print(table)

@@ -205,7 +205,7 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             except CaseFailedError as exc:
                 _fail_or_skip(exc)
             side_a = ab_session.ledgers["A"]
-            benchmark_io.record(benchmark, side_a.results[spec.case_id], side_a.evidence(spec.case_id), None)
+            benchmark_io.record(benchmark, spec, side_a.evidence(spec.case_id), None)
             benchmark.extra_info.update({"ab_verdict": paired.status.value, "ab_story": paired.story})
             if paired.failed:
                 pytest.fail(paired.story, pytrace=False)
@@ -218,7 +218,7 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
         evidence = ledger.evidence(spec.case_id)
         benchmark_io.record(
             benchmark,
-            ledger.results[spec.case_id],
+            spec,
             evidence,
             verdict,
             request.config.stash[STATE].config.peak_tflops,

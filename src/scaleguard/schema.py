@@ -5,9 +5,13 @@ History:
   2: runs are first-class: baselines keep the last K accepted runs per case and torch version,
      each with its median, spread, session, date and commit; schema-1 files load as one run
      each and are written back as 2. Run records carry quarantine reasons and a run id.
+  3: one run shape from the ranks to the file: a stored run also holds what the ranks saw
+     (device name, runtime, settings, memory kind and per-rank peaks, steadiness, notes, the
+     GPUs over the whole run), and a torchrun record is ``{spec, run}``; schema-2 runs read
+     with those empty, and schema-2 torchrun records (the run's fields beside ``spec``) still read.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)

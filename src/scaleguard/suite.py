@@ -89,7 +89,9 @@ class Suite:
     def timeout_s(self) -> float:
         if self.config.timeout_s is not None:
             return self.config.timeout_s
-        return 900.0 if self.device == "cuda" else 300.0
+        from scaleguard.devices import defaults_for
+
+        return defaults_for(self.device).case_timeout_s
 
     def schedule(self) -> Schedule:
         from scaleguard.schedule.session import Schedule

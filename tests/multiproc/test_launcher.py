@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.evidence.records import RunResult
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.ranks.faults import FAULT_ENV
 from scaleguard.ranks.launcher import run_case
 from scaleguard.ranks.protocol import CaseFailedError
@@ -22,7 +22,7 @@ def test_two_gloo_ranks_measure_every_step(tmp_path: Path, process_tag: str) -> 
     assert sorted(r.rank for r in ranks) == [0, 1]
     assert all(len(r.step_s) == 5 and all(s > 0 for s in r.step_s) for r in ranks)
     assert all(r.settings["threads_per_rank"] == 1 for r in ranks)  # applied inside the rank
-    result = RunResult.from_ranks(spec, ranks)
+    result = RunRecord.from_ranks(spec, ranks)
     assert result.step_s == tuple(max(a, b) for a, b in zip(ranks[0].step_s, ranks[1].step_s, strict=True))
 
 
@@ -108,8 +108,8 @@ def test_a_rank_lost_in_the_anatomy_costs_the_anatomy_not_the_run(
     ranks = run_case(spec, tmp_path, timeout_s=timeout_s)
     assert time.monotonic() - start < timeout_s + 40  # peers of a lost rank are not waited on forever
     assert sorted(r.rank for r in ranks) == [0, 1] and all(len(r.step_s) == 6 for r in ranks)
-    result = RunResult.from_ranks(spec, ranks)
-    assert result.anatomy == {}
+    result = RunRecord.from_ranks(spec, ranks)
+    assert result.anatomy is None
     (note,) = [n for n in result.notes if n.startswith("step anatomy lost")]
     assert lost in note, note
 
@@ -164,15 +164,14 @@ def test_compile_mode_runs_through_the_same_loop(tmp_path: Path, process_tag: st
 def test_allreduce_case_times_the_collective_and_reports_bus_bandwidth(
     tmp_path: Path, process_tag: str
 ) -> None:
-    from scaleguard.evidence.runs import CaseEvidence, RunRecord
+    from scaleguard.evidence.runs import CaseEvidence
     from scaleguard.report.terminal import collective_notes
 
     spec = tiny_spec(world_size=2, steps=5, model="allreduce_4m")
     ranks = run_case(spec, tmp_path, timeout_s=120)
     assert sorted(r.rank for r in ranks) == [0, 1]
     assert all(len(r.step_s) == 5 and r.final_loss == 0.0 for r in ranks)  # zeros summed stay zeros
-    result = RunResult.from_ranks(spec, ranks)
-    run = RunRecord.from_result(result, run_id="r1", session="s1", commit=None)
+    run = RunRecord.from_ranks(spec, ranks)
     evidence = CaseEvidence(spec.case_id, spec.group_id, 2, {}, {}, (run,))
     (note,) = collective_notes(spec, evidence)
     assert note.startswith("ws2: 4 MiB all-reduce: algbw ") and "busbw" in note

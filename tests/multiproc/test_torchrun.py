@@ -66,9 +66,9 @@ def free_port() -> int:
 def check_record(out: Path) -> dict:
     record = json.loads((out / f"{CASE}.case.json").read_text())
     # at least the 5 steps asked for: adaptive sampling adds steps until the median is pinned
-    assert record["spec"]["world_size"] == 2 and len(record["step_s"]) >= 5
-    assert record["run_id"] and json.loads((out / f"{CASE}.run.json").read_text())["state"] == "done"
-    assert len(record["peak_mem_bytes"]) == 2  # both ranks folded in by rank 0
+    assert record["spec"]["world_size"] == 2 and len(record["run"]["step_s"]) >= 5
+    assert record["run"]["session"] and json.loads((out / f"{CASE}.run.json").read_text())["state"] == "done"
+    assert len(record["run"]["rank_peak_mem_bytes"]) == 2  # both ranks folded in by rank 0
     return record
 
 

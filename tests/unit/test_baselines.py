@@ -13,6 +13,7 @@ import pytest
 
 from scaleguard.evidence import baseline, document
 from scaleguard.evidence.baseline import BaselineError, BaselineFile
+from scaleguard.schema import SCHEMA_VERSION
 from tests.unit.test_verdicts import case, runs_of
 
 KEY = "cpu-x-1t"
@@ -31,7 +32,7 @@ def test_round_trip_keeps_runs_and_spread(tmp_path: Path) -> None:
     entry = loaded.entry("m-ddp-ws2-fp32-strong", None)
     assert entry is not None and len(entry.runs) == 3 and entry.sessions == 2
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == SCHEMA_VERSION
     stored = data["cases"]["m-ddp-ws2-fp32-strong"]["2.11.0"]
     assert stored["run_spread"] is not None and len(stored["runs"][0]["step_s"]) == 40
     assert '"step_s": [0.' in path.read_text()  # one line per sample list: reviewable diffs
@@ -89,7 +90,7 @@ SCHEMA1 = {
 }  # fmt: skip
 
 
-def test_schema1_loads_as_one_run_each_and_is_written_back_as_schema2(tmp_path: Path) -> None:
+def test_schema1_loads_as_one_run_each_and_is_written_back_in_the_current_schema(tmp_path: Path) -> None:
     path = tmp_path / f"{KEY}.json"
     path.write_text(json.dumps(SCHEMA1))
     loaded = baseline.load(path)
@@ -98,7 +99,10 @@ def test_schema1_loads_as_one_run_each_and_is_written_back_as_schema2(tmp_path: 
     assert entry is not None and len(entry.runs) == 1 and entry.efficiency() == 0.9
     baseline.update(path, KEY, {}, [case(runs_of([0.1]), ws=1)])
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2 and len(data["cases"]["m-ddp-ws2-fp32-strong"]["2.11.0"]["runs"]) == 1
+    assert (
+        data["schema_version"] == SCHEMA_VERSION
+        and len(data["cases"]["m-ddp-ws2-fp32-strong"]["2.11.0"]["runs"]) == 1
+    )
 
 
 def _entry_field(text: str, key: str, value: str) -> str:
@@ -114,9 +118,18 @@ def _entry_field(text: str, key: str, value: str) -> str:
     [
         (lambda t: t[: len(t) // 2], "corrupt or truncated JSON"),
         (lambda t: "[1, 2]", "expected a JSON object"),
-        (lambda t: t.replace('"schema_version": 2', '"schema_version": 7'), "newer scaleguard: upgrade"),
-        (lambda t: t.replace('"schema_version": 2', '"schema_version": 0'), "schema_version 0"),
-        (lambda t: t.replace('"schema_version": 2', '"schema_version": "2"'), "schema_version '2'"),
+        (
+            lambda t: t.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 7'),
+            "newer scaleguard: upgrade",
+        ),
+        (
+            lambda t: t.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 0'),
+            "schema_version 0",
+        ),
+        (
+            lambda t: t.replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": "2"'),
+            "schema_version '2'",
+        ),
         (lambda t: _entry_field(t, "step_s", '"abc"'), "field 'step_s' must be a list of seconds"),
         (lambda t: _entry_field(t, "step_s", '[0.1, "x"]'), "item 1 is str"),
         (lambda t: _entry_field(t, "step_s", "[]"), "has 0 samples; needs 2"),
@@ -212,4 +225,20 @@ def test_unwritable_directory_is_found_before_measuring(tmp_path: Path) -> None:
 
 def test_baseline_file_text_is_valid_json(tmp_path: Path) -> None:
     file = BaselineFile(tmp_path / "x.json", KEY, {}).merged([case(runs_of([0.1, 0.2]))])
-    assert json.loads(file.to_text())["schema_version"] == 2
+    assert json.loads(file.to_text())["schema_version"] == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[2] / "baselines").glob("*.json")), ids=lambda p: p.name
+)
+def test_every_committed_baseline_reads_and_writes_back_the_same_runs(path: Path, tmp_path: Path) -> None:
+    """The committed files (schema 2) read with this scaleguard and survive its write-back."""
+    loaded = baseline.load(path)
+    assert loaded is not None and loaded.cases
+    copy = tmp_path / path.name
+    copy.write_text(loaded.to_text())
+    again = baseline.load(copy)
+    assert again is not None and again.migrated_from is None
+    for case_id, by_torch in loaded.cases.items():
+        for torch_version, entry in by_torch.items():
+            assert again.cases[case_id][torch_version].runs == entry.runs

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from scaleguard.cli import main as cli_main
-from scaleguard.evidence.records import RankResult, RunResult, atomic_write_json
+from scaleguard.evidence.records import RankResult, atomic_write_json
+from scaleguard.evidence.runs import RunRecord, run_file
 from scaleguard.schedule import torchrun_entry
 from tests.conftest import tiny_spec
 
@@ -32,7 +33,7 @@ def write_run(out: Path, finish: bool = True) -> Path:
     )
     run_id = torchrun_entry._start_marker(out, spec.case_id, "job")
     atomic_write_json(torchrun_entry.record_path(out, spec.case_id),
-                      replace(RunResult.from_ranks(spec, [rank]), run_id=run_id).to_dict())  # fmt: skip
+                      run_file(spec, replace(RunRecord.from_ranks(spec, [rank]), session=run_id)))  # fmt: skip
     if finish:
         torchrun_entry._write_marker(out, spec.case_id, run_id, "done")
     return torchrun_entry.record_path(out, spec.case_id)
@@ -65,7 +66,26 @@ def test_a_stale_record_is_refused_and_a_new_run_removes_it(
 def test_a_corrupt_record_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = write_run(tmp_path)
     data = json.loads(record.read_text())
-    data["step_s"] = "abc"
+    data["run"]["step_s"] = "abc"
     record.write_text(json.dumps(data))
     assert cli_main(["ingest", str(record), "--baselines", str(tmp_path)]) == 2
     assert "field 'step_s'" in capsys.readouterr().err
+
+
+def test_a_schema_2_record_still_ingests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record written before schema 3 (the run's fields beside its spec, ``machine_state``),
+    made by that scaleguard's own ``RunResult.to_dict``, reads as the same run."""
+    fixture = Path(__file__).parent / "data" / "torchrun-record-schema2.json"
+    data = json.loads(fixture.read_text())
+    spec_id = tiny_spec(world_size=2).case_id
+    record = torchrun_entry.record_path(tmp_path, spec_id)
+    record.write_text(fixture.read_text())
+    torchrun_entry._write_marker(tmp_path, spec_id, data["run_id"], "done")
+    spec, run = torchrun_entry.read_finished_record(record)
+    assert spec.case_id == spec_id and run.session == data["run_id"]
+    assert run.step_s == tuple(data["step_s"]) and run.rank_peak_mem_bytes == (1000, 1001)
+    assert run.gpu == {"sm_clock_mhz": 1980} and run.gpu_whole_run == {"samples": 3}
+    assert run.host["slurm"]["nodes"] == ["n1", "n2"] and run.host["foreign_cores"] == 0.01
+    assert run.anatomy is not None and run.notes == tuple(data["notes"])
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 0
+    assert "1 cases recorded" in capsys.readouterr().out

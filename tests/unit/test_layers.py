@@ -18,7 +18,11 @@ PACKAGE = "scaleguard"
 
 # low to high; what each layer owns is said in its package's __init__ docstring
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("scaleguard.schema", "scaleguard.evidence.document"),  # leaves: the schema, the reader
+    (
+        "scaleguard.schema",
+        "scaleguard.devices",
+        "scaleguard.evidence.document",
+    ),  # leaves: the schema, the reader
     ("scaleguard.case",),  # what one case is
     ("scaleguard.machine",),  # the host: inventory, load, probe
     ("scaleguard.workloads", "scaleguard.workload"),  # the contract, built-ins, registry

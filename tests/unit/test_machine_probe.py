@@ -22,7 +22,7 @@ def test_the_probe_measures_and_every_run_carries_it_into_the_baseline(tmp_path:
     ledger = Ledger("s")
     ledger.machine = speed.to_dict()
     spec = tiny_spec(world_size=1)
-    record = ledger.add(result(spec, 0.1))
+    record = ledger.add(spec, result(spec, 0.1))
     assert record.machine["score"] == round(speed.score, 4)
     back = RunRecord.from_dict(record.to_dict(), "run", "fix")
     assert back.machine == record.machine

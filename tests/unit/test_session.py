@@ -10,17 +10,18 @@ import pytest
 
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.ledger import BaselineContext, Ledger
-from scaleguard.evidence.records import RankResult, RunResult
+from scaleguard.evidence.records import RankResult
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.verdict import Status, Thresholds
 from scaleguard.ranks.protocol import CaseFailedError
 from scaleguard.schedule.session import PerfSession, Schedule
 from tests.conftest import tiny_spec
 
 
-def result(spec: CaseSpec, median: float, quarantine: str | None = None) -> RunResult:
+def result(spec: CaseSpec, median: float, quarantine: str | None = None) -> RunRecord:
     steps = tuple(median * (1 + 0.001 * (i % 3)) for i in range(10))
     rank = RankResult(spec.case_id, 0, steps, (), True, 0.1, 1000, "host_max_rss", "cpu", {"torch": "t"}, {})
-    return replace(RunResult.from_ranks(spec, [rank]), quarantine=quarantine)
+    return replace(RunRecord.from_ranks(spec, [rank]), quarantine=quarantine)
 
 
 class FakeLauncher:
@@ -31,7 +32,7 @@ class FakeLauncher:
         self.calls: list[tuple[str, Path]] = []
         self.quarantine_left = quarantine_first
 
-    def __call__(self, spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunResult:
+    def __call__(self, spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunRecord:
         self.calls.append((spec.case_id, run_dir))
         queue = self.medians[spec.case_id]
         median = queue.pop(0) if len(queue) > 1 else queue[0]
@@ -57,7 +58,7 @@ def session(tmp_path: Path, fake: FakeLauncher, baseline_medians: dict[str, floa
         for cid, median in baseline_medians.items():
             spec = SPECS[cid]
             for index in range(6):
-                seed.add(result(spec, median * (1 + 0.01 * (index % 3 - 1))), session=f"old{index % 3}")
+                seed.add(spec, result(spec, median * (1 + 0.01 * (index % 3 - 1))), session=f"old{index % 3}")
         from scaleguard.evidence.baseline import BaselineFile
 
         ctx.file = BaselineFile(ctx.path, "k", {}).merged([seed.evidence(cid) for cid in baseline_medians])
@@ -234,7 +235,7 @@ def test_the_anatomy_is_taken_on_confirm_runs_and_on_every_recorded_run(
     profiled: list[int] = []
 
     class Spy(FakeLauncher):
-        def __call__(self, spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunResult:
+        def __call__(self, spec: CaseSpec, run_dir: Path, timeout_s: float) -> RunRecord:
             profiled.append(spec.settings.profile_steps)
             return super().__call__(spec, run_dir, timeout_s)
 

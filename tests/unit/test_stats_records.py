@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +12,10 @@ import pytest
 from scaleguard.evidence.records import (
     FileFormatError,
     RankResult,
-    RunResult,
     atomic_write_json,
     read_document,
 )
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth, run_shift, slowest_rank_steps
 from tests.conftest import tiny_spec
 
@@ -71,23 +72,57 @@ def _rank(rank: int, steps: tuple[float, ...]) -> RankResult:
     )
 
 
-def test_run_result_folds_ranks() -> None:
-    ws2 = RunResult.from_ranks(tiny_spec(world_size=2), [_rank(1, (0.2, 0.4)), _rank(0, (0.3, 0.1))])
+def test_a_run_folds_its_ranks() -> None:
+    ws2 = RunRecord.from_ranks(tiny_spec(world_size=2), [_rank(1, (0.2, 0.4)), _rank(0, (0.3, 0.1))])
     assert ws2.step_s == (0.3, 0.4)
     assert ws2.samples_per_s == pytest.approx(8 / 0.35)
-    assert ws2.peak_mem_bytes == (100, 101)
+    assert ws2.rank_peak_mem_bytes == (100, 101) and ws2.peak_mem_bytes == 101
+    assert ws2.run_id == "" and ws2.device_name == "cpu" and ws2.steady
 
 
 def test_records_round_trip_and_wrong_types_are_named(tmp_path: Path) -> None:
-    result = RunResult.from_ranks(tiny_spec(), [_rank(0, (0.2, 0.4)), _rank(1, (0.2, 0.4))])
-    again = RunResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    result = RunRecord.from_ranks(tiny_spec(), [_rank(0, (0.2, 0.4)), _rank(1, (0.2, 0.4))])
+    result = replace(result, run_id="s-1", session="s", notes=("a note",), gpu={"sm_clock_mhz": 1980})
+    again = RunRecord.from_dict(json.loads(json.dumps(result.to_dict())), "run", "fix it")
     assert again == result
     with pytest.raises(FileFormatError, match="field 'step_s' item 1 is str"):
-        RunResult.from_dict(result.to_dict() | {"step_s": [0.1, "abc"]})
+        RunRecord.from_dict(result.to_dict() | {"step_s": [0.1, "abc"]}, "run", "fix it")
+    with pytest.raises(FileFormatError, match="field 'notes' must be a list of strings"):
+        RunRecord.from_dict(result.to_dict() | {"notes": [1]}, "run", "fix it")
+    with pytest.raises(FileFormatError, match="unknown field 'quarantined'"):
+        RunRecord.from_dict(result.to_dict() | {"quarantined": "x"}, "run", "fix it")
+    rank = _rank(0, (0.2, 0.4))
+    assert RankResult.from_dict(json.loads(json.dumps(rank.to_dict()))) == rank
+    with pytest.raises(FileFormatError, match="field 'rank' must be an integer"):
+        RankResult.from_dict(rank.to_dict() | {"rank": "0"})
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result.to_dict() | {"schema_version": 99}))
     with pytest.raises(FileFormatError, match=r"schema_version 99.*newer scaleguard"):
         read_document(path, "run record", "fix it")
+
+
+def test_a_schema_2_run_reads_with_the_new_fields_empty() -> None:
+    """A run stored before schema 3 (no device name, runtime, notes ...) reads as it was."""
+    result = RunRecord.from_ranks(tiny_spec(), [_rank(0, (0.2, 0.4))])
+    old = {k: v for k, v in result.to_dict().items() if k not in _SCHEMA3_RUN_FIELDS} | {
+        "run_id": "r",
+        "session": "s",
+    }
+    again = RunRecord.from_dict(old, "run", "fix it")
+    assert again.step_s == result.step_s and again.device_name == "" and again.notes == ()
+    assert again.steady and again.runtime == {} and again.rank_peak_mem_bytes == ()
+
+
+_SCHEMA3_RUN_FIELDS = {
+    "steady",
+    "mem_kind",
+    "rank_peak_mem_bytes",
+    "device_name",
+    "runtime",
+    "settings",
+    "notes",
+    "gpu_whole_run",
+}
 
 
 def test_atomic_write_leaves_old_file_when_interrupted(

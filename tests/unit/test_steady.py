@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from scaleguard.evidence.records import RankResult, RunResult
+from scaleguard.evidence.records import RankResult
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.steady import WarmupPolicy, theil_sen_slope
 from tests.conftest import tiny_spec
 
@@ -83,7 +84,7 @@ def test_a_run_whose_warmup_hit_its_cap_says_which_test_failed() -> None:
             settings={},
         )
     ]
-    run = RunResult.from_ranks(spec, ranks)
+    run = RunRecord.from_ranks(spec, ranks)
     assert not run.steady
     assert any(
         "warmup reached its cap of 20 steps" in note and "still drifting: -0.15% per step" in note

@@ -137,7 +137,8 @@ class BaselineFile:
 
 def load(path: Path) -> BaselineFile | None:
     """Read and validate a baseline file; ``None`` when there is none. Schema 1 loads as one
-    run per entry (``migrated_from`` says so) and is written back as schema 2 on update.
+    run per entry (``migrated_from`` says so; older schemas too) and is written back in the current
+    schema on update.
 
     Raises:
         BaselineError: the file is unreadable, not JSON, of another schema, or malformed.

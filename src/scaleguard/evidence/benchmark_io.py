@@ -13,27 +13,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scaleguard.evidence.records import Fields, FileFormatError, RunResult, content_id, read_document
+from scaleguard.case import CaseSpec
+from scaleguard.evidence.records import Fields, FileFormatError, content_id, read_document
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
 from scaleguard.evidence.stats import StepSummary
 from scaleguard.evidence.verdict import Verdict
 from scaleguard.machine.env import HostFingerprint
+from scaleguard.schema import SCHEMA_VERSION
 
 MODE_LABEL = "scaleguard: steps timed inside worker processes"
 
 
 def extra_info(
-    results: list[RunResult],
+    spec: CaseSpec,
     evidence: CaseEvidence,
     verdict: Verdict | None,
     peak_tflops: float | None = None,
 ) -> dict[str, Any]:
+    """What a saved run holds of a case beside its steps: the case, every run of this session
+    (the runs in their one stored shape: ``scaleguard compare`` reads them), and the figures."""
     from scaleguard.evidence.metrics import throughput
 
-    last = results[-1]
-    spec = last.spec
+    last = evidence.runs[-1]
     info: dict[str, Any] = {
-        "scaleguard_schema": last.schema_version,
+        "scaleguard_schema": SCHEMA_VERSION,
         "case_id": spec.case_id,
         "group_id": spec.group_id,
         "config": config_of(spec.to_dict()),
@@ -57,8 +60,7 @@ def extra_info(
         "device_name": last.device_name,
         "runtime": last.runtime,
         "settings": last.settings,
-        "notes": sorted({n for r in results for n in r.notes}),
-        "machine_state": [r.machine_state for r in results],
+        "notes": sorted({n for r in evidence.runs for n in r.notes}),
         # samples/s, tokens/s per GPU, TFLOPS per GPU, MFU (null where the peak is unknown)
         "throughput": throughput(spec, evidence, last.device_name, peak_tflops),
         "workload": spec.workload or None,
@@ -71,7 +73,7 @@ def extra_info(
 
 def record(
     benchmark: Any,
-    results: list[RunResult],
+    spec: CaseSpec,
     evidence: CaseEvidence,
     verdict: Verdict | None,
     peak_tflops: float | None = None,
@@ -84,10 +86,10 @@ def record(
         raise RuntimeError(f"the benchmark fixture was already used in {benchmark._mode} mode")
     benchmark._mode = MODE_LABEL
     stats = benchmark._make_stats(1)  # one iteration per round: a round is one training step
-    for result in results:
-        for step_s in result.step_s:
+    for run in evidence.runs:
+        for step_s in run.step_s:
             stats.update(step_s)
-    benchmark.extra_info.update(extra_info(results, evidence, verdict, peak_tflops))
+    benchmark.extra_info.update(extra_info(spec, evidence, verdict, peak_tflops))
 
 
 def update_machine_info(
@@ -213,10 +215,10 @@ def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label
 
     benchmarks = []
     for case_id in ledger.completed:
-        results = ledger.results[case_id]
+        evidence = ledger.evidence(case_id)
         stats = Stats()
-        for result in results:
-            for step_s in result.step_s:
+        for run in evidence.runs:
+            for step_s in run.step_s:
                 stats.update(step_s)
         data = stats.as_dict()
         data["data"] = list(stats.data)
@@ -226,13 +228,13 @@ def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label
             {
                 "group": None, "name": name, "fullname": f"perf/test_train_step.py::{name}",
                 "params": {"perf_case": case_id}, "param": case_id,
-                "extra_info": extra_info(results, ledger.evidence(case_id), None),
+                "extra_info": extra_info(ledger.specs[case_id], evidence, None),
                 "options": {"disable_gc": False, "timer": "perf_counter", "min_rounds": 1,
                             "max_time": 0, "min_time": 0, "warmup": False},
                 "stats": data,
             }
         )  # fmt: skip
-    versions = next(iter(ledger.results.values()))[-1].runtime if ledger.results else {}
+    versions = next(iter(ledger.records.values()))[-1].runtime if ledger.records else {}
     info = dict(machine_info)
     info.update({"torch_version": versions.get("torch"), "cuda_version": versions.get("cuda"),
                  "cudnn_version": versions.get("cudnn"), "nccl_version": versions.get("nccl")})  # fmt: skip

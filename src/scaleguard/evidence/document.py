@@ -16,9 +16,10 @@ import os
 import re
 import stat
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
@@ -382,6 +383,128 @@ class Fields:
                 )
             out.append(number)
         return tuple(out)
+
+
+# --- records derived from their dataclass fields -------------------------------------------------
+# A record type declares, per field, how its value is read (a ``Fields`` method with its bounds)
+# and, where the stored form differs, how it is written. ``record_from_fields`` and
+# ``record_to_dict`` walk the dataclass, so a field added to a record is read, checked and written
+# with no second list to keep in step (and an unknown key in a file is refused, ``Fields.known``).
+
+FieldReader = Callable[["Fields", str], Any]
+_R = TypeVar("_R")
+
+
+def stored(read: FieldReader | None, *, write: Callable[[Any], Any] | None = None, **field_kw: Any) -> Any:
+    """A record field read by ``read(fields, key)`` (None: derived, passed by the record's own
+    reader) and written by ``write(value)`` (None: as is). A field with a default may be absent
+    or null in a file: it then keeps the default. ``field_kw``: ``default``/``default_factory``."""
+    import dataclasses
+
+    return dataclasses.field(metadata={"read": read, "write": write}, **field_kw)
+
+
+def record_from_fields(
+    cls: type[_R], f: Fields, extra_known: frozenset[str] = frozenset(), **given: Any
+) -> _R:
+    """An instance of the frozen record ``cls`` from ``f``: every field through its declared
+    reader, unknown keys refused; ``given``: values the caller derived (a summary recomputed
+    from the samples), ``extra_known``: keys written for readers of the file and ignored."""
+    assert is_dataclass(cls)
+    f.known(frozenset(x.name for x in fields(cls)) | extra_known)
+    values = dict(given)
+    for spec in fields(cls):
+        if spec.name in given:
+            continue
+        read = spec.metadata.get("read")
+        has_default = spec.default is not MISSING or spec.default_factory is not MISSING
+        if read is None:
+            if not has_default:
+                raise TypeError(f"{cls.__name__}.{spec.name} is derived: pass it to record_from_fields")
+            continue
+        if has_default and f.data.get(spec.name) is None:
+            continue
+        values[spec.name] = read(f, spec.name)
+    return cls(**values)
+
+
+def record_to_dict(record: Any) -> dict[str, Any]:
+    """The stored form of a record made with ``stored`` fields: each field by its writer, nested
+    records by their ``to_dict``, tuples as lists, dicts copied."""
+    import copy
+
+    out: dict[str, Any] = {}
+    for spec in fields(record):
+        value = getattr(record, spec.name)
+        write = spec.metadata.get("write")
+        if write is not None:
+            value = write(value)
+        elif hasattr(value, "to_dict"):
+            value = value.to_dict()
+        elif isinstance(value, tuple):
+            value = [v.to_dict() if hasattr(v, "to_dict") else copy.deepcopy(v) for v in value]
+        else:
+            value = copy.deepcopy(value)
+        out[spec.name] = value
+    return out
+
+
+# the readers a record's fields declare (each checks type and bounds, names file and field)
+def read_int(lo: int = 0, hi: int = 2**62) -> FieldReader:
+    return lambda f, key: f.integer(key, lo, hi)
+
+
+def read_number(lo: float = 0.0, hi: float = math.inf) -> FieldReader:
+    return lambda f, key: f.number(key, lo, hi)
+
+
+def read_samples(min_len: int = 2) -> FieldReader:
+    return lambda f, key: f.samples(key, min_len)
+
+
+def read_floats(lo: float = -math.inf, hi: float = math.inf) -> FieldReader:
+    return lambda f, key: f.floats(key, lo, hi)
+
+
+def read_text(f: Fields, key: str) -> str:
+    return f.string(key)
+
+
+def read_ident(f: Fields, key: str) -> str:
+    return str(f.ident(key))
+
+
+def read_flag(f: Fields, key: str) -> bool:
+    return f.flag(key)
+
+
+def read_scalars(f: Fields, key: str) -> dict[str, Any]:
+    return f.scalars(key)
+
+
+def read_versions(f: Fields, key: str) -> dict[str, str | None]:
+    return f.versions(key)
+
+
+def read_object(f: Fields, key: str) -> dict[str, Any]:
+    return f.raw_dict(key)
+
+
+def read_texts(f: Fields, key: str) -> tuple[str, ...]:
+    """A list of strings (a run's notes)."""
+    items = f.items(key)
+    if not all(isinstance(x, str) for x in items):
+        raise f.fail(key, "must be a list of strings")
+    return tuple(items)
+
+
+def read_byte_counts(f: Fields, key: str) -> tuple[int, ...]:
+    """Each rank's peak memory in bytes; empty where a run's ranks did not say."""
+    return f.byte_counts(key) if f.items(key) else ()
+
+
+def read_version(f: Fields, key: str) -> int:
+    return f.version()
 
 
 def inert(text: object) -> str:

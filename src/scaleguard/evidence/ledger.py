@@ -19,8 +19,7 @@ import numpy as np
 from scaleguard.case import CaseSpec
 from scaleguard.evidence import baseline
 from scaleguard.evidence.baseline import BaselineFile
-from scaleguard.evidence.records import RunResult
-from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
+from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of, utc_now
 from scaleguard.evidence.verdict import CaseRule, Status, Thresholds, Verdict, decide, thresholds_for
 
 
@@ -89,7 +88,6 @@ class Ledger:
         self.session_id = session_id
         self.baselines = baselines
         self.specs: dict[str, CaseSpec] = {}
-        self.results: dict[str, list[RunResult]] = {}
         self.records: dict[str, list[RunRecord]] = {}
         self.verdicts: dict[str, Verdict] = {}
         self.failures: dict[str, str] = {}
@@ -98,17 +96,20 @@ class Ledger:
         # the session's machine probe (scaleguard.machine.probe), stored with every run
         self.machine: dict[str, Any] = {}
 
-    def add(self, result: RunResult, session: str | None = None) -> RunRecord:
-        """Record one run of its case (efficiency is attached when the evidence is read)."""
-        spec = result.spec
+    def add(self, spec: CaseSpec, run: RunRecord, session: str | None = None) -> RunRecord:
+        """Name one run of ``spec`` (``<session>-<n>``), stamp it with the commit and the session's
+        machine probe, and keep it (efficiency is attached when the evidence is read)."""
         self._runs += 1
-        commit = self.baselines.commit if self.baselines else None
         session = session or self.session_id
-        run = RunRecord.from_result(result, f"{session}-{self._runs}", session, commit)
-        if self.machine:
-            run = replace(run, machine=dict(self.machine))
+        run = replace(
+            run,
+            run_id=f"{session}-{self._runs}",
+            session=session,
+            recorded_at=utc_now(),
+            commit=self.baselines.commit if self.baselines else None,
+            machine=dict(self.machine) if self.machine else run.machine,
+        )
         self.specs[spec.case_id] = spec
-        self.results.setdefault(spec.case_id, []).append(result)
         self.records.setdefault(spec.case_id, []).append(run)
         return run
 
@@ -157,7 +158,7 @@ class Ledger:
                 )
                 for r in runs
             ]
-        last = self.results[case_id][-1]
+        last = self.records[case_id][-1]
         return CaseEvidence(
             case_id=case_id,
             group_id=spec.group_id,

@@ -1,6 +1,6 @@
-"""A case's evidence: its runs. ``RunRecord`` is one run in stored, comparable form (baselines,
-saved pytest-benchmark runs, the session's ledger); ``CaseEvidence`` is one case's runs under
-one configuration and torch version.
+"""A case's evidence: its runs. ``RunRecord`` is the one shape of a run, from the ranks' folded
+results to the baseline, the saved pytest-benchmark run and the history; ``CaseEvidence`` is one
+case's runs under one configuration and torch version.
 """
 
 from __future__ import annotations
@@ -9,14 +9,38 @@ import datetime
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from scaleguard.case import CaseSpec
 from scaleguard.evidence.anatomy import Anatomy
-from scaleguard.evidence.records import Fields, RunResult, content_id
-from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth
+from scaleguard.evidence.document import (
+    Fields,
+    content_id,
+    read_byte_counts,
+    read_flag,
+    read_floats,
+    read_ident,
+    read_int,
+    read_number,
+    read_object,
+    read_samples,
+    read_scalars,
+    read_text,
+    read_texts,
+    read_versions,
+    record_from_fields,
+    record_to_dict,
+    stored,
+)
+from scaleguard.evidence.records import RankResult
+from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth, slowest_rank_steps
+from scaleguard.evidence.steady import WarmupPolicy
+
+# the quarantine of a run that processes not of this session disturbed (schedule.runner)
+DISTURBED = "disturbed: "
 
 
 def utc_now() -> str:
@@ -47,35 +71,57 @@ def config_of(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _anatomy_stored(anatomy: Anatomy | None) -> dict[str, Any] | None:
+    # the trace is a file of the machine that ran it: not stored with the run
+    return replace(anatomy, trace=None).to_dict() if anatomy else None
+
+
+def _read_anatomy(f: Fields, key: str) -> Anatomy:
+    return Anatomy.from_dict(f.data[key], f"{f.where}.{key}", f.fix)
+
+
 @dataclass(frozen=True)
 class RunRecord:
-    """One run of one case, as stored and compared.
+    """One run of one case (one set of rank processes), in the one shape it has from the ranks
+    to the baseline, the saved pytest-benchmark run and the history: the slowest rank per
+    measured step, what follows from it, and what the machine did meanwhile.
 
+    ``RunRecord.from_ranks`` folds the ranks' results; the ledger then names the run
+    (``run_id``, ``session``, ``commit``) and attaches the session's machine probe.
     ``scaling_efficiency`` is this run's samples/s over world size times the samples/s of the
     world-size-1 runs of the same group in the same session (their geometric mean).
     """
 
-    run_id: str  # "<session>-<n>": unique per run
-    session: str  # the pytest session (or torchrun job) that measured it
-    summary: StepSummary  # of this run's slowest-rank steps
-    step_s: tuple[float, ...]  # the raw steps, for diagnostics and pytest-benchmark
-    samples_per_s: float
-    peak_mem_bytes: int  # the largest rank's
-    warmup_steps: int = 0
-    scaling_efficiency: float | None = None
-    speedup: float | None = None
-    recorded_at: str = ""
-    commit: str | None = None
-    quarantine: str | None = None  # why the run is no evidence: throttled, disturbed ...
-    accepted: str | None = None  # --perf-accept reason, when a non-OK run was recorded on purpose
-    gpu: dict[str, Any] = field(default_factory=dict)  # clocks/power/temperature during the steps
-    host: dict[str, Any] = field(default_factory=dict)  # foreign CPU/GPU load during the steps
-    wall_s: float = 0.0
-    phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall time went
-    anatomy: Anatomy | None = None  # where a step's time went (scaleguard.evidence.anatomy)
-    process_runs_before: int = 0  # runs its processes made before it (0: fresh processes)
-    flops_per_step: float = 0.0  # one process's training FLOPs per step (scaleguard.workloads.flops)
-    machine: dict[str, Any] = field(default_factory=dict)  # the session's machine probe
+    run_id: str = stored(read_text)  # "<session>-<n>": unique per run ("" until the ledger names it)
+    session: str = stored(read_text)  # the pytest session (or torchrun job) that measured it
+    summary: StepSummary = stored(None)  # of the steps below: derived, recomputed on load
+    step_s: tuple[float, ...] = stored(read_samples(), write=lambda s: [round(x, 9) for x in s])  # ns
+    samples_per_s: float = stored(read_number(1e-12))
+    peak_mem_bytes: int = stored(read_int())  # the largest rank's
+    warmup_steps: int = stored(read_int(0, 1_000_000), default=0)
+    scaling_efficiency: float | None = stored(read_number(0.0, 1e3), default=None)
+    speedup: float | None = stored(read_number(0.0, 1e6), default=None)
+    recorded_at: str = stored(read_text, default="")
+    commit: str | None = stored(read_text, default=None)
+    quarantine: str | None = stored(read_text, default=None)  # why the run is no evidence (throttled, ...)
+    accepted: str | None = stored(read_text, default=None)  # --perf-accept reason for a non-OK run
+    gpu: dict[str, Any] = stored(read_object, default_factory=dict)  # clocks/power/temperature in the steps
+    host: dict[str, Any] = stored(read_object, default_factory=dict)  # foreign load; a cluster step's facts
+    wall_s: float = stored(read_number(), default=0.0)  # the run's wall time in the parent, start-up included
+    phases_s: dict[str, float] = stored(read_floats(0.0, 1e9), default_factory=dict)  # where it went
+    anatomy: Anatomy | None = stored(_read_anatomy, write=_anatomy_stored, default=None)  # rank 0's
+    process_runs_before: int = stored(read_int(), default=0)  # runs its processes made before it
+    flops_per_step: float = stored(read_number(0.0, 1e21), default=0.0)  # one process's, per step
+    machine: dict[str, float] = stored(read_floats(0.0, 1e15), default_factory=dict)  # the session's probe
+    # as the ranks saw it (schema 3; runs of older files read these as unknown)
+    steady: bool = stored(read_flag, default=True)  # every rank's warmup settled
+    mem_kind: str = stored(read_text, default="")  # "cuda_max_allocated" or "host_max_rss"
+    rank_peak_mem_bytes: tuple[int, ...] = stored(read_byte_counts, default=())  # per rank
+    device_name: str = stored(read_text, default="")
+    runtime: dict[str, str | None] = stored(read_versions, default_factory=dict)  # torch/cuda/cudnn/nccl
+    settings: dict[str, Any] = stored(read_scalars, default_factory=dict)  # speed knobs as applied
+    notes: tuple[str, ...] = stored(read_texts, default=())  # what a reader of the run should know
+    gpu_whole_run: dict[str, Any] = stored(read_object, default_factory=dict)  # GPUs over the whole run
 
     @property
     def median_s(self) -> float:
@@ -86,77 +132,71 @@ class RunRecord:
         """How precisely this run pinned its median (relative 95 % half-width)."""
         return median_ci_halfwidth(self.step_s)
 
+    @property
+    def disturbed(self) -> bool:
+        """Quarantined because processes not of this session loaded the machine."""
+        return self.quarantine is not None and self.quarantine.startswith(DISTURBED)
+
     @classmethod
-    def from_result(cls, result: RunResult, run_id: str, session: str, commit: str | None) -> RunRecord:
+    def from_ranks(cls, spec: CaseSpec, ranks: Sequence[RankResult]) -> RunRecord:
+        """Fold one run's rank results: a step takes as long as its slowest rank."""
+        ranks = sorted(ranks, key=lambda r: r.rank)
+        step_s = slowest_rank_steps([r.step_s for r in ranks])
+        summary = StepSummary.of(step_s)
+        notes = []
+        if not all(r.steady for r in ranks):
+            # every rank holds the same (agreed, slowest-rank) warmup steps: the parent can say
+            # which steadiness test the last one failed
+            why = WarmupPolicy.of(spec.settings).unsteady_because(ranks[0].warmup_step_s)
+            notes.append(
+                f"warmup reached its cap of {spec.settings.warmup_max} steps before the step time "
+                f"settled ({why})"
+            )
+        lost = [r.anatomy_lost for r in ranks if r.anatomy_lost]
+        if lost:
+            notes.append("step anatomy lost (the measured steps stand): " + "; ".join(lost))
+        anatomy = ranks[0].anatomy
         return cls(
-            run_id=run_id,
-            session=session,
-            summary=result.summary,
-            step_s=result.step_s,
-            samples_per_s=result.samples_per_s,
-            peak_mem_bytes=max(result.peak_mem_bytes),
-            warmup_steps=result.warmup_steps,
-            recorded_at=utc_now(),
-            commit=commit,
-            quarantine=result.quarantine,
-            gpu=dict(result.machine_state.get("during_steps") or {}),
-            host={
-                **(result.machine_state.get("foreign_load") or {}),
-                # on a cluster: the step, its nodes and NCCL's transport between them
-                **({"slurm": result.machine_state["slurm"]} if "slurm" in result.machine_state else {}),
-            },
-            wall_s=result.wall_s,
-            phases_s=dict(result.phases_s),
+            run_id="",
+            session="",
+            summary=summary,
+            step_s=step_s,
+            samples_per_s=spec.global_batch / summary.median_s,
+            peak_mem_bytes=max(r.peak_mem_bytes for r in ranks),
+            rank_peak_mem_bytes=tuple(r.peak_mem_bytes for r in ranks),
+            mem_kind=ranks[0].mem_kind,
+            warmup_steps=max(len(r.warmup_step_s) for r in ranks),
+            steady=all(r.steady for r in ranks),
+            device_name=ranks[0].device_name,
+            runtime=dict(ranks[0].runtime),
+            settings=dict(ranks[0].settings),
+            notes=tuple(notes),
             anatomy=(
-                Anatomy.from_dict(result.anatomy, f"{result.spec.case_id} anatomy", "a scaleguard bug")
-                if result.anatomy
+                Anatomy.from_dict(anatomy, f"{spec.case_id} anatomy", "a scaleguard bug")
+                if anatomy and not lost
                 else None
             ),
-            process_runs_before=result.process_runs_before,
-            flops_per_step=result.flops_per_step,
+            process_runs_before=max(r.process_runs_before for r in ranks),
+            flops_per_step=ranks[0].flops_per_step,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["summary"] = self.summary.to_dict()
-        # the trace is a file of the machine that ran it: not stored with the run
-        data["anatomy"] = replace(self.anatomy, trace=None).to_dict() if self.anatomy else None
-        data["step_s"] = [round(s, 9) for s in self.step_s]  # ns: below any clock we read
-        return data
+        return record_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any, where: str, fix: str) -> RunRecord:
-        f = Fields.of(data, where, fix).known(_RUN_FIELDS)
+        f = Fields.of(data, where, fix)
         step_s = f.samples("step_s")
-        eff = f.number("scaling_efficiency", 0.0, 1e3, optional=True)
-        speedup = f.number("speedup", 0.0, 1e6, optional=True)
-        return cls(
-            run_id=f.string("run_id"),
-            session=f.string("session"),
-            summary=StepSummary.of(step_s),  # recomputed: the samples are the truth
-            step_s=step_s,
-            samples_per_s=float(f.number("samples_per_s", 1e-12) or 0.0),
-            peak_mem_bytes=int(f.integer("peak_mem_bytes") or 0),
-            warmup_steps=int(f.integer("warmup_steps", optional=True) or 0),
-            scaling_efficiency=eff,
-            speedup=speedup,
-            recorded_at=f.text("recorded_at", optional=True) or "",
-            commit=f.text("commit", optional=True),
-            quarantine=f.text("quarantine", optional=True),
-            accepted=f.text("accepted", optional=True),
-            gpu=f.raw_dict("gpu", optional=True),
-            host=f.raw_dict("host", optional=True),
-            wall_s=float(f.number("wall_s", optional=True) or 0.0),
-            phases_s=f.floats("phases_s", 0.0, 1e9),
-            anatomy=(
-                Anatomy.from_dict(data["anatomy"], f"{where}.anatomy", fix)
-                if isinstance(data, dict) and data.get("anatomy") is not None
-                else None
-            ),
-            process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
-            flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
-            machine=f.floats("machine", 0.0, 1e15),
-        )
+        # the samples are the truth: the summary is recomputed from them
+        return record_from_fields(cls, f, step_s=step_s, summary=StepSummary.of(step_s))
+
+
+def _read_runs(f: Fields, key: str) -> tuple[RunRecord, ...]:
+    return tuple(RunRecord.from_dict(r, f"{f.where}.{key}[{i}]", f.fix) for i, r in enumerate(f.items(key)))
+
+
+# written beside an entry's runs for readers of the file, recomputed from the runs on load
+_DERIVED = frozenset({"median_step_s", "run_spread"})
 
 
 @dataclass(frozen=True)
@@ -164,12 +204,12 @@ class CaseEvidence:
     """The runs of one case under one configuration and torch version: a baseline entry, a
     saved run's case, or what this session measured."""
 
-    case_id: str
-    group_id: str
-    world_size: int
-    config: dict[str, Any]  # what must match for two cases to be compared
-    versions: dict[str, Any]  # torch/cuda/cudnn/nccl
-    runs: tuple[RunRecord, ...] = ()
+    case_id: str = stored(read_ident)
+    group_id: str = stored(read_ident)
+    world_size: int = stored(read_int(1, 1_000_000))
+    config: dict[str, Any] = stored(read_scalars)  # what must match for two cases to be compared
+    versions: dict[str, Any] = stored(read_scalars)  # torch/cuda/cudnn/nccl
+    runs: tuple[RunRecord, ...] = stored(_read_runs, default=())
 
     @property
     def torch(self) -> str:
@@ -243,33 +283,19 @@ class CaseEvidence:
         return replace(self, runs=tuple(runs))
 
     def to_dict(self) -> dict[str, Any]:
-        spread = self.run_spread()
         return {
-            "case_id": self.case_id,
-            "group_id": self.group_id,
-            "world_size": self.world_size,
-            "config": self.config,
-            "versions": self.versions,
+            **record_to_dict(self),
             # derived, for readers of the file; recomputed from the runs on load
             "median_step_s": self.median_s(),
-            "run_spread": spread,
-            "runs": [r.to_dict() for r in self.runs],
+            "run_spread": self.run_spread(),
         }
 
     @classmethod
     def from_dict(cls, data: Any, where: str, fix: str) -> CaseEvidence:
-        f = Fields.of(data, where, fix).known(_EVIDENCE_FIELDS)
-        runs = f.items("runs")
-        if not runs:
+        f = Fields.of(data, where, fix)
+        if not f.items("runs"):
             raise f.fail("runs", "is empty: an entry needs at least one run")
-        return cls(
-            case_id=str(f.ident("case_id")),
-            group_id=str(f.ident("group_id")),
-            world_size=int(f.integer("world_size", 1, 1_000_000) or 1),
-            config=f.scalars("config"),
-            versions=f.scalars("versions"),
-            runs=tuple(RunRecord.from_dict(r, f"{where}.runs[{i}]", fix) for i, r in enumerate(runs)),
-        )
+        return record_from_fields(cls, f, extra_known=_DERIVED)
 
     @classmethod
     def from_schema1(cls, data: Any, where: str, fix: str) -> CaseEvidence:
@@ -301,6 +327,67 @@ class CaseEvidence:
         )
 
 
-_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
-# median_step_s and run_spread are derived, written for readers of the file, recomputed on load
-_EVIDENCE_FIELDS = frozenset(f.name for f in fields(CaseEvidence)) | {"median_step_s", "run_spread"}
+# --- the torchrun record: one run and the case it measured, in one file ---------------------------
+_RUN_FILE_FIELDS = frozenset({"schema_version", "spec", "run"})
+# what a schema-2 record held: the run's fields beside its spec (RunResult, before schema 3)
+_SCHEMA2_RUN_FILE_FIELDS = frozenset({
+    "spec", "step_s", "summary", "samples_per_s", "peak_mem_bytes", "mem_kind", "warmup_steps",
+    "steady", "device_name", "runtime", "settings", "notes", "machine_state", "quarantine", "wall_s",
+    "phases_s", "run_id", "anatomy", "process_runs_before", "flops_per_step", "schema_version",
+})  # fmt: skip
+
+
+def run_file(spec: CaseSpec, run: RunRecord) -> dict[str, Any]:
+    """The record a torchrun (or Slurm) job's rank 0 writes for ``scaleguard ingest``: the case
+    and its run; the run's ``session`` is the job's run id, which its marker must name."""
+    from scaleguard.schema import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, "spec": spec.to_dict(), "run": run.to_dict()}
+
+
+def read_run_file(data: Any, where: str, fix: str) -> tuple[CaseSpec, RunRecord]:
+    """A torchrun record's case and run; a schema-2 record (the run's fields beside its spec)
+    reads as the same run."""
+    f = Fields.of(data, where, fix)
+    if "run" not in f.data and "step_s" in f.data:
+        return _schema2_run_file(f)
+    f.known(_RUN_FILE_FIELDS)
+    spec = CaseSpec.from_fields(f.obj("spec"))
+    return spec, RunRecord.from_dict(f.data.get("run"), f"{where}.run", fix)
+
+
+def _schema2_run_file(f: Fields) -> tuple[CaseSpec, RunRecord]:
+    f.known(_SCHEMA2_RUN_FILE_FIELDS)
+    spec = CaseSpec.from_fields(f.obj("spec"))
+    step_s = f.samples("step_s")
+    peaks = f.byte_counts("peak_mem_bytes")
+    summary = StepSummary.of(step_s)
+    state = f.raw_dict("machine_state", optional=True)
+    anatomy = f.raw_dict("anatomy", optional=True)
+    host = {**(state.get("foreign_load") or {}), **({"slurm": state["slurm"]} if "slurm" in state else {})}
+    run = RunRecord(
+        run_id="",
+        session=f.text("run_id", optional=True) or "",
+        summary=summary,
+        step_s=step_s,
+        samples_per_s=spec.global_batch / summary.median_s,
+        peak_mem_bytes=max(peaks),
+        rank_peak_mem_bytes=peaks,
+        mem_kind=f.string("mem_kind"),
+        warmup_steps=int(f.integer("warmup_steps", 0, 1_000_000) or 0),
+        steady=f.flag("steady", True),
+        device_name=f.string("device_name"),
+        runtime=f.versions("runtime"),
+        settings=f.scalars("settings"),
+        notes=read_texts(f, "notes") if f.data.get("notes") is not None else (),
+        quarantine=f.text("quarantine", optional=True),
+        wall_s=float(f.number("wall_s", optional=True) or 0.0),
+        phases_s=f.floats("phases_s", 0.0, 1e9),
+        anatomy=Anatomy.from_dict(anatomy, f"{f.where}.anatomy", f.fix) if anatomy else None,
+        process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
+        flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
+        gpu=dict(state.get("during_steps") or {}),
+        gpu_whole_run=dict(state.get("whole_run") or {}),
+        host=host,
+    )
+    return spec, run

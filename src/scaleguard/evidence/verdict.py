@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from scaleguard.devices import defaults_for
 from scaleguard.evidence import anatomy
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.stats import Shift, run_shift
@@ -118,17 +119,14 @@ class Thresholds:
 
     @classmethod
     def for_device(cls, device: str) -> Thresholds:
-        """Defaults per device (README, "Measured", has the numbers behind them).
-
-        CUDA: 3 % / 3 points / 10 %, so a 5 % slowdown is caught; a 1 % prior spread (bs-256
-        resnet50 runs moved 0.1-0.5 % between runs and sessions on the H200; host-bound cases
-        measure their own, larger spread, and the k x spread guard protects them). CPU (gloo on
-        shared cores): session medians of identical runs spread by a median 12 % on a 2-core VM
-        (4-26 % per case), so 10 % / 10 points with a 12 % prior.
-        """
-        if device == "cpu":
-            return cls(step=0.10, efficiency=0.10, prior_spread=0.12, min_spread=0.04)
-        return cls()
+        """Defaults per device, from the one table (``scaleguard.devices``): CUDA 3 % / 3 points /
+        10 % with a 1 % prior spread (host-bound cases measure their own, larger spread, and the
+        k x spread guard protects them); CPU 10 % / 10 points with a 12 % prior."""
+        d = defaults_for(device)
+        return cls(
+            step=d.step, efficiency=d.efficiency, memory=d.memory, prior_spread=d.prior_spread,
+            min_spread=d.min_spread,
+        )  # fmt: skip
 
     @classmethod
     def for_ab(cls, device: str) -> Thresholds:
@@ -136,8 +134,8 @@ class Thresholds:
         step and efficiency (10 same-install sessions on the 2-core VM: pair spreads 2-8 %,
         |B/A| at most 4 %, none beyond 5 % when replayed; a 10 % compute slowdown measured
         +8 to +11 %, under the suite's 10 % threshold). CUDA: the suite's own (3 %)."""
-        base = cls.for_device(device)
-        return replace(base, step=0.05, efficiency=0.05) if device == "cpu" else base
+        d = defaults_for(device)
+        return replace(cls.for_device(device), step=d.ab_step, efficiency=d.ab_efficiency)
 
     @classmethod
     def parse_overrides(cls, base: Thresholds, text: str) -> Thresholds:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.records import FileFormatError, RankFailure, RankResult, read_document
+from scaleguard.evidence.records import FileFormatError, RankFailure, RankPhase, RankResult, read_document
 from scaleguard.ranks import faults, worker
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 
@@ -458,7 +458,7 @@ def _answered(conn: multiprocessing.connection.Connection, job_index: int) -> bo
 def _in_anatomy_with_result(run_dir: Path, rank: int) -> bool:
     """The rank stopped in the step anatomy, its measured steps already written."""
     return (
-        _read_status(run_dir, rank).startswith(worker.ANATOMY_PHASE)
+        _read_status(run_dir, rank).startswith(RankPhase.ANATOMY.value)
         and Path(worker.RankFiles.in_dir(run_dir, rank).result).exists()
     )
 

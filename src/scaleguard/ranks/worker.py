@@ -33,7 +33,13 @@ from torch import nn
 from scaleguard.case import CaseSpec
 from scaleguard.evidence import anatomy
 from scaleguard.evidence.anatomy import PHASES, PhasedStep
-from scaleguard.evidence.records import RankFailure, RankResult, atomic_write_json, atomic_write_text
+from scaleguard.evidence.records import (
+    RankFailure,
+    RankPhase,
+    RankResult,
+    atomic_write_json,
+    atomic_write_text,
+)
 from scaleguard.evidence.steady import WarmupPolicy
 from scaleguard.machine.env import cpu_model, runtime_versions
 from scaleguard.ranks import timing
@@ -45,7 +51,6 @@ from scaleguard.workloads.flops import count_step_flops, counted
 from scaleguard.workloads.registry import resolve
 
 _PR_SET_PDEATHSIG = 1
-ANATOMY_PHASE = "step anatomy"  # the status while it runs: the parent reads it (launcher)
 
 
 @dataclass(frozen=True)
@@ -105,13 +110,13 @@ class _Status:
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
-        self.phase = "start"
+        self.phase = RankPhase.START.value
         self.stamps: dict[str, float] = {}  # when each phase began (unix): where start-up goes
 
-    def set(self, phase: str) -> None:
-        self.phase = phase
-        self.stamps.setdefault(phase.split(" step ")[0], time.time())
-        atomic_write_text(self.path, f"{phase} (at {time.strftime('%H:%M:%S')})\n")
+    def set(self, phase: RankPhase, detail: str = "") -> None:
+        self.phase = f"{phase.value} {detail}" if detail else phase.value
+        self.stamps.setdefault(phase.value, time.time())
+        atomic_write_text(self.path, f"{self.phase} (at {time.strftime('%H:%M:%S')})\n")
 
 
 def _apply_settings(spec: CaseSpec) -> dict[str, Any]:
@@ -384,7 +389,7 @@ def _with_anatomy(
     beside gloo's threads) leaves that file, and the parent keeps the run (``launcher``)."""
     if phased is None or spec.settings.profile_steps <= 0:
         return result
-    status.set(ANATOMY_PHASE)
+    status.set(RankPhase.ANATOMY)
     provisional = replace(
         result, phase_unix=dict(status.stamps), anatomy_lost=f"rank {rank} stopped during the step anatomy"
     )
@@ -450,13 +455,13 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
 
     Args:
         case_out: torchrun: rank 0 gathers every rank's result over the process group (ranks
-            may sit on other nodes) and writes the folded ``RunResult`` here.
+            may sit on other nodes) and writes the folded run (``evidence.runs.run_file``) here.
         run_id: torchrun: the job's id, written into the record for ``ingest``.
     """
     spec, files = job.spec, job.files[member.rank]
     status = _Status(files.status)
     try:
-        status.set("configure")
+        status.set(RankPhase.CONFIGURE)
         fault = FaultSpec.parse(job.fault) if job.fault else None
         settings = _apply_settings(spec)
         device = _device_for(spec, member.local_rank)
@@ -474,9 +479,9 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
             # steps must not pay for an earlier case's diagnosis (benchmarks/profiler_residue.py)
             os.environ.setdefault("TEARDOWN_CUPTI", "1")
         if spec.is_distributed and not dist.is_initialized():
-            status.set("init_process_group")
+            status.set(RankPhase.PROCESS_GROUP)
             _join(member, spec, device)
-        status.set("build model and batches")
+        status.set(RankPhase.BUILD)
         if fault is not None and fault.applies(member.rank, "setup", 0):
             fault.fire(device)
         step, phased = _build_step(spec, device, member.rank, fault)
@@ -503,20 +508,20 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
             flops_per_step=phased.flops_per_step if phased is not None else 0.0,
         )
         result = _with_anatomy(result, spec, phased, device, member.rank, files, status, fault)
-        status.set("writing result")
+        status.set(RankPhase.WRITING)
         result = replace(result, phase_unix=dict(status.stamps))
         atomic_write_json(Path(files.result), result.to_dict())
         if result.anatomy_lost and spec.is_distributed and case_out is None:
             # a peer died in the anatomy: this process group is unusable and tearing it down
             # can block; the result is written, and the parent retires the pool
-            status.set("done")
+            status.set(RankPhase.DONE)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
         if case_out is not None:
-            status.set("gathering results on rank 0")
+            status.set(RankPhase.GATHERING)
             _write_case(spec, result, Path(case_out), run_id)
-        status.set("done")
+        status.set(RankPhase.DONE)
     except BaseException as exc:  # noqa: BLE001 - every failure, Ctrl-C too, is reported
         failure = RankFailure(
             case_id=spec.case_id,
@@ -565,10 +570,11 @@ def _measure(
 ) -> timing.MeasuredSteps:
     def before_step(phase: str, index: int) -> None:
         if phase == "warmup":
-            status.set(f"warmup step {index}")
+            status.set(RankPhase.WARMUP, f"step {index}")
         elif index == 0:
             status.set(
-                f"measuring {spec.settings.steps} steps (no per-step status, to keep the timed loop clean)"
+                RankPhase.MEASURE,
+                f"{spec.settings.steps} steps (no per-step status, to keep the timed loop clean)",
             )
         if fault is not None and fault.applies(rank, phase, index):
             fault.fire(device)
@@ -605,7 +611,7 @@ def _release(spec: CaseSpec) -> None:
 
 def _write_case(spec: CaseSpec, mine: RankResult, out: Path, run_id: str) -> None:
     """Rank 0 writes the whole run (all ranks folded), for ``scaleguard ingest``."""
-    from scaleguard.evidence.records import RunResult
+    from scaleguard.evidence.runs import RunRecord, run_file
 
     ranks = [mine.to_dict()]
     if spec.is_distributed:
@@ -614,8 +620,8 @@ def _write_case(spec: CaseSpec, mine: RankResult, out: Path, run_id: str) -> Non
         ranks = gathered
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    result = replace(RunResult.from_ranks(spec, [RankResult.from_dict(r) for r in ranks]), run_id=run_id)
-    atomic_write_json(out / f"{spec.case_id}.case.json", result.to_dict())
+    run = replace(RunRecord.from_ranks(spec, [RankResult.from_dict(r) for r in ranks]), session=run_id)
+    atomic_write_json(out / f"{spec.case_id}.case.json", run_file(spec, run))
 
 
 def _agree_max(spec: CaseSpec, device: torch.device) -> Callable[[float], float]:

@@ -67,7 +67,7 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
     for group_id, case_ids in sorted(groups.items()):
         case_ids.sort(key=lambda cid: ledger.specs[cid].world_size)
         first = ledger.specs[case_ids[0]]
-        device_name = ledger.results[case_ids[0]][-1].device_name
+        device_name = ledger.records[case_ids[0]][-1].device_name
         table = Table(
             title=f"{group_id}  ({first.device}, profile {first.profile}, {device_name})",
             title_justify="left",
@@ -108,8 +108,8 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
                 fmt_bytes(max(r.peak_mem_bytes for r in evidence.runs)),
                 verdict.status.value if verdict else "-",
             )  # fmt: skip
-            for result in ledger.results[case_id]:
-                notes += [f"ws{spec.world_size}: {note}" for note in result.notes]
+            for run in evidence.runs:
+                notes += [f"ws{spec.world_size}: {note}" for note in run.notes]
             notes += collective_notes(spec, evidence)
             notes += bandwidth_bound_notes(ledger, spec, evidence)
             note = throughput_note(spec, metrics.throughput(spec, evidence, device_name, peak_override))
@@ -161,7 +161,7 @@ def render(tables: Sequence[Table], width: int = 120) -> str:
 
 def time_lines(ledger: Ledger, suite_wall_s: float) -> list[str]:
     """Where the suite's time went: wall time, the measured fraction, the slowest phases."""
-    runs = [r for results in ledger.results.values() for r in results]
+    runs = [r for records in ledger.records.values() for r in records]
     if not runs:
         return []
     totals: dict[str, float] = {}
@@ -171,7 +171,7 @@ def time_lines(ledger: Ledger, suite_wall_s: float) -> list[str]:
     measured = totals.get("measured steps", 0.0)
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:4]
     return [
-        f"scaleguard: {suite_wall_s:.0f} s for {len(ledger.results)} cases ({len(runs)} runs); "
+        f"scaleguard: {suite_wall_s:.0f} s for {len(ledger.records)} cases ({len(runs)} runs); "
         f"measured steps {measured:.0f} s ({measured / max(suite_wall_s, 1e-9):.0%}); most time: "
         + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in top)
     ]
@@ -216,7 +216,7 @@ def disturbance_lines(ledger: Ledger) -> list[str]:
     lines: list[str] = []
     load: dict[tuple[int, str], float] = {}
     for case_id, runs in ledger.records.items():
-        bad = [r for r in runs if r.quarantine and r.quarantine.startswith("disturbed")]
+        bad = [r for r in runs if r.disturbed]
         if bad:
             lines.append(
                 f"scaleguard: disturbed: {case_id}: {len(bad)} of {len(runs)} runs: {bad[0].quarantine}"
@@ -419,8 +419,8 @@ def ab_header(session: Any) -> str:
     def side(s: Any) -> str:
         runtime = {}
         ledger = session.ledgers[s.label]
-        if ledger.results:
-            runtime = next(iter(ledger.results.values()))[-1].runtime
+        if ledger.records:
+            runtime = next(iter(ledger.records.values()))[-1].runtime
         versions = ", ".join(
             f"{k} {runtime.get(k)}" for k in ("torch", "cuda", "cudnn", "nccl") if runtime.get(k)
         )

@@ -30,8 +30,10 @@ import numpy as np
 from scipy import stats as sps
 
 from scaleguard.case import CaseSpec
+from scaleguard.devices import defaults_for
 from scaleguard.evidence.ledger import Ledger
-from scaleguard.evidence.records import ID_PATTERN, RunResult
+from scaleguard.evidence.records import ID_PATTERN
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.verdict import Status, Thresholds, judge_shift
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 from scaleguard.schedule import runner
@@ -333,11 +335,11 @@ class ABSchedule:
     def for_device(cls, device: str, max_pairs: int | None = None, seed: int = 0) -> ABSchedule:
         """CPU pairs spread ~5 % (shared cores): 10 pairs resolve ~10 %; CUDA pairs spread
         <1 %: 6 pairs resolve the 3 % threshold (README, "Upgrading torch")."""
-        cap = max_pairs if max_pairs is not None else (10 if device == "cpu" else 6)
+        cap = max_pairs if max_pairs is not None else defaults_for(device).ab_max_pairs
         return cls(max_pairs=max(cap, 2), seed=seed)
 
 
-RunFn = Callable[..., RunResult]
+RunFn = Callable[..., RunRecord]
 
 
 @dataclass
@@ -369,7 +371,7 @@ class ABSession:
         self._rng.shuffle(block)
         return block
 
-    def _run(self, side: Side, spec: CaseSpec) -> RunResult:
+    def _run(self, side: Side, spec: CaseSpec) -> RunRecord:
         self._count += 1
         return self.run(
             spec, self.base_dir / f"{spec.case_id}.{side.label}{self._count}", self.timeout_s,
@@ -394,7 +396,7 @@ class ABSession:
                 if len(kept) >= self.schedule.max_pairs:
                     break  # after a dropped pair the block may not fit under the cap
                 attempts += 1
-                pair: dict[str, RunResult] = {}
+                pair: dict[str, RunRecord] = {}
                 failure = None
                 for label in order:
                     try:
@@ -415,7 +417,7 @@ class ABSession:
                         )
                     continue
                 for label, result in pair.items():
-                    self.ledgers[label].add(result)
+                    self.ledgers[label].add(spec, result)
                 kept.append(order)
             if len(kept) >= self.schedule.min_pairs:
                 verdict = self._judge(spec, kept, dropped)

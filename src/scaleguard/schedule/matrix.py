@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
+from scaleguard.devices import defaults_for
 
 if TYPE_CHECKING:
     from scaleguard.machine.env import GpuInventory
@@ -89,7 +90,8 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     """Every case the options ask for, in run order (world size ascending within a group,
     so world size 1 is measured before the cases whose speedup it anchors)."""
     device = resolve_device(options.device, gpus)
-    profile = options.profile if options.profile != "auto" else ("full" if device == "cuda" else "smoke")
+    defaults = defaults_for(device)
+    profile = options.profile if options.profile != "auto" else defaults.profile
     # the workloads (torch) only when a plan is made: the options and their parsers above are
     # read at every pytest start, `pytest --help` included, and must not import torch
     from scaleguard.workloads.builtins import DEFAULT_MODELS
@@ -99,7 +101,7 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     # a team that names its own workloads wants them measured; built-ins by --perf-models
     models = options.models or tuple(registry.user) or DEFAULT_MODELS[profile]
     world_sizes = options.world_sizes or default_world_sizes(device, gpus.count)
-    precisions = options.precisions or (("fp32", "bf16") if device == "cuda" else ("fp32",))
+    precisions = options.precisions or defaults.precisions
     for name, allowed in (
         ("mode", MODES),
         ("precision", PRECISIONS),
@@ -119,24 +121,21 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     # here, never from one that is listed only to show it cannot (ws2 on a one-GPU runner)
     runnable = [ws for ws in world_sizes if device == "cpu" or options.shared_gpu or ws <= gpus.count] or [1]
     threads = options.threads_per_rank or max(1, cpu_count // max(runnable))
-    steps = options.steps or (30 if device == "cpu" else 50)
-    warmup_min = options.warmup or (5 if device == "cpu" else 10)
+    steps = options.steps or defaults.steps
+    warmup_min = options.warmup or defaults.warmup_min
     settings = RunSettings(
         steps=steps,
         warmup_min=warmup_min,
         warmup_max=max(warmup_min * 4, warmup_min + 10),
-        warmup_tolerance=0.03 if device == "cpu" else 0.01,
-        # host-launch-bound GPU cases have bimodal steps: more steps pin their median. Not on
-        # CPU: runs there move ~12 % between sessions, so pinning one run's median to a few
-        # percent bought nothing and cost 50 % more wall time (10 CPU sessions, README)
+        warmup_tolerance=defaults.warmup_tolerance,
         max_steps=steps * 4,
         max_measure_s=20.0,
-        target_median_ci=0.0 if device == "cpu" else 0.0125,
+        target_median_ci=defaults.target_median_ci,
         threads_per_rank=threads,
-        channels_last=device == "cuda",
+        channels_last=defaults.channels_last,
         loader_workers=options.loader_workers
         if options.loader_workers is not None
-        else (0 if device == "cpu" else 4),
+        else defaults.loader_workers,
         data_root=options.data_root,
         profile_steps=3 if options.profile_steps is None else options.profile_steps,
         shared_gpu=options.shared_gpu and device == "cuda",

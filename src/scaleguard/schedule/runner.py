@@ -1,5 +1,5 @@
 """One run of one case: hand it to a set of ranks that never ran it, watch the GPUs while they run, fold the
-ranks into a ``RunResult`` and say whether the machine let it be evidence."""
+ranks into its ``RunRecord`` and say whether the machine let it be evidence."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.records import RunResult, phase_breakdown
+from scaleguard.evidence.records import phase_breakdown
+from scaleguard.evidence.runs import DISTURBED, RunRecord
 from scaleguard.machine import foreign_load
 from scaleguard.machine import state as machine_state
 from scaleguard.ranks import launcher, protocol
@@ -21,7 +22,7 @@ def run_once(
     foreign_limit_cores: float | None = None,
     interpreter: protocol.Interpreter | None = None,
     pools: launcher.Pools | None = None,
-) -> RunResult:
+) -> RunRecord:
     """Measure ``spec`` once: in ``pools`` (processes that have not run this case), or in
     fresh processes.
 
@@ -52,7 +53,7 @@ def run_once(
     wall_s = time.monotonic() - started
     rank0 = min(ranks, key=lambda r: r.rank)
     phases = phase_breakdown(rank0, started_unix, started_unix + wall_s, rank0.warmup_step_s)
-    result = replace(RunResult.from_ranks(spec, ranks), wall_s=wall_s, phases_s=phases)
+    result = replace(RunRecord.from_ranks(spec, ranks), wall_s=wall_s, phases_s=phases)
     window = (min(r.measure_start_unix for r in ranks), max(r.measure_end_unix for r in ranks))
     if foreign_limit_cores is not None:
         result = _judge_load(result, load.report(window, monitor.gpu_pids), foreign_limit_cores)
@@ -70,23 +71,20 @@ def run_once(
     reasons = [r for r in (result.quarantine, assessment.quarantine) if r]
     return replace(
         result,
-        machine_state={
-            **result.machine_state,
-            "during_steps": assessment.readings,
-            "whole_run": monitor.summary(),
-        },
+        gpu=dict(assessment.readings),
+        gpu_whole_run=monitor.summary(),
         quarantine="; ".join(reasons) or None,
         notes=notes,
     )
 
 
-def _judge_load(result: RunResult, report: foreign_load.LoadReport | None, limit: float) -> RunResult:
+def _judge_load(result: RunRecord, report: foreign_load.LoadReport | None, limit: float) -> RunRecord:
     if report is None:
         return result
     why = report.disturbed(limit)
     return replace(
         result,
-        machine_state={**result.machine_state, "foreign_load": report.to_dict()},
-        quarantine=f"disturbed: {why}" if why else result.quarantine,
-        notes=result.notes + ((f"disturbed: {why}",) if why else ()),
+        host={**result.host, **report.to_dict()},
+        quarantine=f"{DISTURBED}{why}" if why else result.quarantine,
+        notes=result.notes + ((f"{DISTURBED}{why}",) if why else ()),
     )

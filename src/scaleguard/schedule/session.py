@@ -16,13 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scaleguard.case import CaseSpec
+from scaleguard.devices import defaults_for
 from scaleguard.evidence.ledger import Ledger
-from scaleguard.evidence.records import RunResult
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.verdict import Status, Verdict
 from scaleguard.ranks.protocol import CaseFailedError
 from scaleguard.schedule import runner
 
-RunFn = Callable[[CaseSpec, Path, float], RunResult]
+RunFn = Callable[[CaseSpec, Path, float], RunRecord]
 
 # statuses that buy confirm runs
 _UNSETTLED = (Status.REGRESSED, Status.IMPROVED, Status.INCONCLUSIVE)
@@ -57,14 +58,14 @@ class Schedule:
         confirm: int | None = None,
         anatomy_on_every_run: bool = False,
     ) -> Schedule:
-        base = cls(quarantine_pause_s=20.0) if device == "cpu" else cls()
+        base = cls()
         return cls(
             anatomy_on_every_run=anatomy_on_every_run,
             repeats=repeats if repeats is not None else base.repeats,
             confirm=confirm if confirm is not None else base.confirm,
             confirm_block=base.confirm_block,
             quarantine_retries=base.quarantine_retries,
-            quarantine_pause_s=base.quarantine_pause_s,
+            quarantine_pause_s=defaults_for(device).quarantine_pause_s,
         )
 
 
@@ -177,13 +178,13 @@ class PerfSession:
                 self._errors[spec.case_id] = exc
                 self.ledger.fail(spec.case_id, exc.reason)
                 raise
-            self.ledger.add(result)
+            self.ledger.add(spec, result)
             if result.quarantine is None:
                 self._spoiled_cases = 0
                 return
             if attempt < retries:
                 self._on_run(f"{spec.case_id}: run quarantined ({result.quarantine}); pausing, then again")
-                if result.quarantine.startswith("disturbed"):
+                if result.disturbed:
                     self._wait_quiet(self.schedule.quarantine_pause_s)
                 else:
                     self._sleep(self.schedule.quarantine_pause_s)

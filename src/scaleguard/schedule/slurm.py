@@ -45,10 +45,10 @@ from scaleguard.evidence.document import inert
 from scaleguard.evidence.records import (
     FileFormatError,
     RankFailure,
-    RunResult,
     atomic_write_json,
     read_document,
 )
+from scaleguard.evidence.runs import RunRecord
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 
 COMMANDS = ("salloc", "srun", "scancel", "squeue", "scontrol")
@@ -427,7 +427,7 @@ def _kill_group(proc: subprocess.Popen[Any]) -> None:
 
 
 class SlurmRunner:
-    """The session's run function on a cluster: ``(spec, run_dir, timeout_s) -> RunResult``,
+    """The session's run function on a cluster: ``(spec, run_dir, timeout_s) -> RunRecord``,
     raising ``protocol.CaseFailedError`` for a run that did not finish on every rank."""
 
     def __init__(self, allocation: Allocation, python: str = sys.executable) -> None:
@@ -438,7 +438,7 @@ class SlurmRunner:
 
     def __call__(
         self, spec: CaseSpec, run_dir: Path, timeout_s: float, interpreter: Interpreter | None = None
-    ) -> RunResult:
+    ) -> RunRecord:
         """One run as one job step; ``interpreter``: side A or B of ``scaleguard ab`` (same nodes)."""
         alloc = self.allocation
         if self.not_started is not None:  # the queue never gave us the nodes: said once, per case
@@ -474,7 +474,7 @@ class SlurmRunner:
         from scaleguard.schedule.torchrun_entry import read_finished_record, record_path
 
         try:
-            result = read_finished_record(record_path(run_dir, spec.case_id))
+            _, result = read_finished_record(record_path(run_dir, spec.case_id))
         except FileFormatError as exc:
             raise CaseFailedError(
                 spec.case_id, None, f"Slurm step {outcome.step_id} completed but left no usable record: {exc}"
@@ -495,7 +495,7 @@ class SlurmRunner:
                 "measured steps": measured,
                 "srun start, setup, warmup, anatomy, record": max(0.0, outcome.wall_s - measured),
             },
-            machine_state={**result.machine_state, "slurm": facts},
+            host={**result.host, "slurm": facts},
         )
 
     def _failure(self, spec: CaseSpec, run_dir: Path, outcome: StepOutcome, timeout_s: float) -> Exception:

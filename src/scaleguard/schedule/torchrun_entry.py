@@ -24,7 +24,8 @@ import uuid
 from pathlib import Path
 
 from scaleguard.case import MODES, CaseSpec
-from scaleguard.evidence.records import Fields, FileFormatError, RunResult, atomic_write_json, read_document
+from scaleguard.evidence.records import Fields, FileFormatError, atomic_write_json, read_document
+from scaleguard.evidence.runs import RunRecord, read_run_file
 from scaleguard.machine.env import GpuInventory, gpu_inventory
 from scaleguard.ranks import worker
 from scaleguard.schedule.matrix import MatrixOptions, plan
@@ -176,27 +177,28 @@ def _start_marker(out: Path, case_id: str, job_id: str) -> str:
     return run_id
 
 
-def read_finished_record(path: Path) -> RunResult:
-    """A run record that its own, finished run wrote; anything else is a clear error."""
+def read_finished_record(path: Path) -> tuple[CaseSpec, RunRecord]:
+    """The case and run of a record that its own, finished run wrote; anything else is a clear
+    error. The run's ``session`` is the job's run id (``SCALEGUARD_RUN_ID`` plus a suffix)."""
     fix = "run the case again with torchrun ... -m scaleguard.schedule.torchrun_entry"
     data = read_document(path, "torchrun record", fix)
-    result = RunResult.from_dict(data, f"torchrun record {path}")
-    marker = marker_path(path.parent, result.spec.case_id)
+    spec, run = read_run_file(data, f"torchrun record {path}", fix)
+    marker = marker_path(path.parent, spec.case_id)
     try:
         state = Fields.of(read_document(marker, "run marker", fix), f"run marker {marker}", fix)
     except FileFormatError as exc:
         raise FileFormatError(f"{path}: its run marker is unusable ({exc}); not ingested") from None
-    if state.text("run_id", optional=True) != result.run_id or not result.run_id:
+    if state.text("run_id", optional=True) != run.session or not run.session:
         raise FileFormatError(
-            f"{path}: stale record: it belongs to run {result.run_id or '(none)'}, but the last run of "
-            f"{result.spec.case_id} in {path.parent} was {state.text('run_id', optional=True)}; {fix}"
+            f"{path}: stale record: it belongs to run {run.session or '(none)'}, but the last run of "
+            f"{spec.case_id} in {path.parent} was {state.text('run_id', optional=True)}; {fix}"
         )
     if state.text("state", optional=True) != "done":
         raise FileFormatError(
-            f"{path}: run {result.run_id} did not finish (marker state "
+            f"{path}: run {run.session} did not finish (marker state "
             f"{json.dumps(state.data.get('state'))}): a failed run is never judged; {fix}"
         )
-    return result
+    return spec, run
 
 
 if __name__ == "__main__":

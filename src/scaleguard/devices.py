@@ -1,0 +1,64 @@
+"""What differs between a run on CPU (gloo on shared cores) and on GPUs, in one table.
+
+Every per-device default of the suite reads from ``DEVICES``: the matrix's profile, precisions
+and run settings (``schedule.matrix.plan``), the verdict thresholds and the
+run-to-run spread assumed for a young baseline (``evidence.verdict.Thresholds``), the paired A/B
+thresholds and pair cap (``schedule.ab``), the pause before re-measuring a spoiled run
+(``schedule.session.Schedule``) and a case's deadline (``suite``). Each number's measurement is
+in docs/measured.md; a device this table does not name gets the GPU's row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceDefaults:
+    step: float  # relative step-time change that counts
+    efficiency: float  # points of scaling efficiency that count
+    memory: float  # relative peak-memory change that counts
+    prior_spread: float  # run-to-run spread assumed while a baseline is young
+    min_spread: float  # floor on a measured run-to-run spread
+    ab_step: float  # paired A/B: the machine's drift cancels within a pair
+    ab_efficiency: float
+    ab_max_pairs: int  # pairs at most before an A/B case is called
+    quarantine_pause_s: float  # before re-measuring a run the machine spoiled
+    case_timeout_s: float  # one run of a case, start-up included
+    # the matrix (schedule.matrix.plan), unless the user's options say otherwise
+    profile: str  # smoke: small models; full: ResNet-50, GPT-2 ...
+    precisions: tuple[str, ...]
+    steps: int  # measured steps of a run
+    warmup_min: int  # warmup steps at least (at most 4x, or +10)
+    warmup_tolerance: float  # the step time has settled when it moves less than this per step
+    # host-launch-bound GPU cases have bimodal steps: more steps pin their median (up to 4x the
+    # steps or 20 s). Not on CPU: runs there move ~12 % between sessions, so pinning one run's
+    # median to a few percent bought nothing and cost 50 % more wall time (10 CPU sessions)
+    target_median_ci: float
+    loader_workers: int  # DataLoader workers per rank of a loader case
+    channels_last: bool  # convolutions in NHWC (tensor cores)
+
+
+DEVICES: dict[str, DeviceDefaults] = {
+    # session medians of identical runs spread by a median 12 % on a 2-core VM (4-26 % per
+    # case); A/B pairs 2-8 %, |B/A| at most 4 %; 10 pairs resolve ~10 %
+    "cpu": DeviceDefaults(
+        step=0.10, efficiency=0.10, memory=0.10, prior_spread=0.12, min_spread=0.04,
+        ab_step=0.05, ab_efficiency=0.05, ab_max_pairs=10, quarantine_pause_s=20.0,
+        case_timeout_s=300.0, profile="smoke", precisions=("fp32",), steps=30, warmup_min=5,
+        warmup_tolerance=0.03, target_median_ci=0.0, loader_workers=0, channels_last=False,
+    ),
+    # bs-256 ResNet-50 runs moved 0.1-0.5 % between runs and sessions on the H200, so 3 %
+    # catches a 5 % slowdown; A/B pairs spread < 1 %: 6 pairs resolve 3 %
+    "cuda": DeviceDefaults(
+        step=0.03, efficiency=0.03, memory=0.10, prior_spread=0.01, min_spread=0.002,
+        ab_step=0.03, ab_efficiency=0.03, ab_max_pairs=6, quarantine_pause_s=30.0,
+        case_timeout_s=900.0, profile="full", precisions=("fp32", "bf16"), steps=50,
+        warmup_min=10, warmup_tolerance=0.01, target_median_ci=0.0125, loader_workers=4,
+        channels_last=True,
+    ),
+}  # fmt: skip
+
+
+def defaults_for(device: str) -> DeviceDefaults:
+    return DEVICES.get(device, DEVICES["cuda"])
