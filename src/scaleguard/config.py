@@ -104,127 +104,154 @@ class PerfConfig:
         flag: Callable[[str], bool],
         lines: Callable[[str], Sequence[str]],
     ) -> PerfConfig:
-        def csv(name: str, allowed: tuple[str, ...] | None) -> tuple[str, ...] | None:
-            value = text(name)
-            return None if value is None else parse_csv(value, allowed, name)
-
-        def integer(name: str) -> int | None:
-            value = text(name)
-            if value is None:
-                return None
-            lo, hi = _INTEGERS[name]
-            if not value.strip().isdigit() or not lo <= int(value) <= hi:
-                raise ConfigError(f"--perf-{name} takes an integer in [{lo}, {hi}], got {value!r}")
-            return int(value)
-
-        def positive(name: str, hi: float, unit: str) -> float | None:
-            value = text(name)
-            if value is None:
-                return None
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
-            if not math.isfinite(number) or not 0 < number <= hi:
-                raise ConfigError(f"--perf-{name} takes {unit}, got {value!r}")
-            return number
-
-        def path(name: str) -> Path | None:
-            value = text(name)
-            return None if value is None else Path(value)
-
-        defaults = MatrixOptions()
-        world_sizes = text("world-sizes")
-        data_root = text("data-root")
-        share_gpu = flag("share-gpu")
-        matrix = MatrixOptions(
-            device=text("device") or "auto",
-            profile=text("profile") or "auto",
-            world_sizes=parse_world_sizes(world_sizes) if world_sizes else None,
-            modes=csv("modes", MODES) or defaults.modes,
-            models=csv("models", None),
-            precisions=csv("precisions", PRECISIONS),
-            scalings=csv("scaling", SCALINGS) or defaults.scalings,
-            inputs=csv("inputs", INPUTS) or defaults.inputs,
-            steps=integer("steps"),
-            warmup=integer("warmup"),
-            threads_per_rank=integer("threads-per-rank"),
-            data_root=data_root,
-            loader_workers=integer("loader-workers"),
-            profile_steps=integer("profile-steps"),
-            shared_gpu=share_gpu,
-            workloads=csv("workloads", None) or (),
-        )
-        _check_data_root(data_root)
-        timeout = text("timeout")
-        timeout_s = None
-        if timeout is not None:
-            try:
-                timeout_s = float(timeout)
-            except ValueError:
-                raise ConfigError(f"--perf-timeout takes seconds, got {timeout!r}") from None
-            if not math.isfinite(timeout_s) or timeout_s <= 0 or timeout_s > 7 * 24 * 3600:
-                raise ConfigError(f"--perf-timeout must be finite, positive seconds, got {timeout!r}")
+        o = _Values(text, flag, lines)
+        matrix = _matrix(o)
         update = flag("update-baselines")
         accept = tuple(lines("accept"))
-        reason = text("accept-reason")
-        if accept and not reason:
-            raise ConfigError(
-                "--perf-accept needs --perf-accept-reason TEXT: why these cases are recorded "
-                "although not OK (stored with their runs)"
-            )
-        if accept and not update:
-            raise ConfigError("--perf-accept only has a meaning with --perf-update-baselines")
-        if update and share_gpu:
-            raise ConfigError(
-                "--perf-share-gpu is a test mode (ranks share GPUs): its numbers are never written "
-                "into a baseline; drop --perf-update-baselines"
-            )
-        ab_b = text("ab-b")
-        if ab_b is not None and update:
-            raise ConfigError(
-                "--perf-ab-b compares two installs in pairs; record baselines in a plain session"
-            )
+        _check_combinations(o, matrix, update, accept)
         envs = {side: _env(lines(f"ab-env-{side}"), f"--perf-ab-env-{side}") for side in ("a", "b")}
-        # outputs written at the end of a session are checked now: an unusable path found after
-        # an hour of measuring would lose the hour
-        for name, suffixes in (("ab-markdown", ()), ("ab-plot", (".png", ".svg", ".pdf"))):
-            check_output_path(path(name), f"--perf-{name}", suffixes)
-        check_output_path(path("ab-save"), "--perf-ab-save", directory=True)
-        if not flag("no-history"):
-            check_output_path(path("history"), "--perf-history")
         return cls(
             matrix=matrix,
             thresholds=ThresholdSettings.parse(
                 {name: text("threshold-" + name) for name in ThresholdSettings.NAMES},
                 lines("case-thresholds"),
             ),
-            timeout_s=timeout_s,
-            repeats=integer("repeats") or 1,
-            confirm=integer("confirm"),
-            keep_runs=integer("keep-runs"),
-            peak_tflops=positive("peak-tflops", 1e6, "TFLOPS (e.g. 989)"),
-            foreign_limit=positive("foreign-load-limit", 1024, "cores (e.g. 0.25)"),
+            timeout_s=o.seconds("timeout", None, "--perf-timeout must be finite, positive seconds"),
+            repeats=o.integer("repeats") or 1,
+            confirm=o.integer("confirm"),
+            keep_runs=o.integer("keep-runs"),
+            peak_tflops=o.positive("peak-tflops", 1e6, "TFLOPS (e.g. 989)"),
+            foreign_limit=o.positive("foreign-load-limit", 1024, "cores (e.g. 0.25)"),
             load_check=not flag("no-load-check"),
-            baselines=path("baselines"),
+            baselines=o.path("baselines"),
             baseline_torch=text("baseline-torch"),
             update_baselines=update,
             accept=accept,
-            accept_reason=reason,
+            accept_reason=text("accept-reason"),
             isolate=flag("isolate"),
-            history=path("history"),
+            history=o.path("history"),
             record_history=not flag("no-history"),
-            trace_dir=path("trace-dir"),
+            trace_dir=o.path("trace-dir"),
             ab_a=text("ab-a"),
-            ab_b=ab_b,
+            ab_b=text("ab-b"),
             ab_env_a=envs["a"],
             ab_env_b=envs["b"],
-            ab_pairs=integer("ab-pairs") or None,
-            ab_markdown=path("ab-markdown"),
-            ab_plot=path("ab-plot"),
-            ab_save=path("ab-save"),
-            slurm=_slurm(text, flag, matrix) if flag("slurm") else None,
+            ab_pairs=o.integer("ab-pairs") or None,
+            ab_markdown=o.path("ab-markdown"),
+            ab_plot=o.path("ab-plot"),
+            ab_save=o.path("ab-save"),
+            slurm=_slurm(o, matrix) if flag("slurm") else None,
         )
+
+
+@dataclass(frozen=True)
+class _Values:
+    """The user's option values by name (without ``--perf-``), and the one parser per kind of
+    value: every error names the option as the user wrote it."""
+
+    text: Callable[[str], str | None]
+    flag: Callable[[str], bool]
+    lines: Callable[[str], Sequence[str]]
+
+    def csv(self, name: str, allowed: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        value = self.text(name)
+        return None if value is None else parse_csv(value, allowed, name)
+
+    def integer(
+        self, name: str, default: int | None = None, bounds: tuple[int, int] | None = None
+    ) -> int | None:
+        """An integer in ``bounds`` (default: the option's row in ``_INTEGERS``)."""
+        value = self.text(name)
+        if value is None:
+            return default
+        lo, hi = bounds or _INTEGERS[name]
+        if not value.strip().isdigit() or not lo <= int(value) <= hi:
+            raise ConfigError(f"--perf-{name} takes an integer in [{lo}, {hi}], got {value!r}")
+        return int(value)
+
+    def count(self, name: str, default: int, bounds: tuple[int, int]) -> int:
+        """``integer`` with a default: never None."""
+        value = self.integer(name, default, bounds)
+        assert value is not None
+        return value
+
+    def positive(self, name: str, hi: float, unit: str) -> float | None:
+        value = self.text(name)
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or not 0 < number <= hi:
+            raise ConfigError(f"--perf-{name} takes {unit}, got {value!r}")
+        return number
+
+    def seconds(self, name: str, default: float | None, problem: str) -> float | None:
+        """Positive seconds, at most a week; ``problem``: the message's start."""
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"--perf-{name} takes seconds, got {value!r}") from None
+        if not math.isfinite(number) or not 0 < number <= 7 * 24 * 3600:
+            raise ConfigError(f"{problem}, got {value!r}")
+        return number
+
+    def path(self, name: str) -> Path | None:
+        value = self.text(name)
+        return None if value is None else Path(value)
+
+
+def _matrix(o: _Values) -> MatrixOptions:
+    defaults = MatrixOptions()
+    world_sizes = o.text("world-sizes")
+    data_root = o.text("data-root")
+    _check_data_root(data_root)
+    return MatrixOptions(
+        device=o.text("device") or "auto",
+        profile=o.text("profile") or "auto",
+        world_sizes=parse_world_sizes(world_sizes) if world_sizes else None,
+        modes=o.csv("modes", MODES) or defaults.modes,
+        models=o.csv("models", None),
+        precisions=o.csv("precisions", PRECISIONS),
+        scalings=o.csv("scaling", SCALINGS) or defaults.scalings,
+        inputs=o.csv("inputs", INPUTS) or defaults.inputs,
+        steps=o.integer("steps"),
+        warmup=o.integer("warmup"),
+        threads_per_rank=o.integer("threads-per-rank"),
+        data_root=data_root,
+        loader_workers=o.integer("loader-workers"),
+        profile_steps=o.integer("profile-steps"),
+        shared_gpu=o.flag("share-gpu"),
+        workloads=o.csv("workloads", None) or (),
+    )
+
+
+def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept: tuple[str, ...]) -> None:
+    """Options that cannot go together, and outputs written at the end of a session, checked
+    now: an unusable path found after an hour of measuring would lose the hour."""
+    if accept and not o.text("accept-reason"):
+        raise ConfigError(
+            "--perf-accept needs --perf-accept-reason TEXT: why these cases are recorded "
+            "although not OK (stored with their runs)"
+        )
+    if accept and not update:
+        raise ConfigError("--perf-accept only has a meaning with --perf-update-baselines")
+    if update and matrix.shared_gpu:
+        raise ConfigError(
+            "--perf-share-gpu is a test mode (ranks share GPUs): its numbers are never written "
+            "into a baseline; drop --perf-update-baselines"
+        )
+    if o.text("ab-b") is not None and update:
+        raise ConfigError("--perf-ab-b compares two installs in pairs; record baselines in a plain session")
+    for name, suffixes in (("ab-markdown", ()), ("ab-plot", (".png", ".svg", ".pdf"))):
+        check_output_path(o.path(name), f"--perf-{name}", suffixes)
+    check_output_path(o.path("ab-save"), "--perf-ab-save", directory=True)
+    if not o.flag("no-history"):
+        check_output_path(o.path("history"), "--perf-history")
 
 
 def check_output_path(
@@ -260,9 +287,7 @@ def check_output_path(
             raise ConfigError(f"{option} {path}: cannot create it in {parent}")
 
 
-def _slurm(
-    text: Callable[[str], str | None], flag: Callable[[str], bool], matrix: MatrixOptions
-) -> SlurmOptions:
+def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
     """``--perf-slurm-*``, checked now: a typo found after an hour in the queue would lose it."""
     import shlex
 
@@ -275,18 +300,7 @@ def _slurm(
             "with Slurm's client commands (a login node)"
         )
 
-    def count(name: str, default: int, hi: int) -> int:
-        value = text(name)
-        if value is None:
-            return default
-        try:
-            number = int(value)
-        except ValueError:
-            raise ConfigError(f"--perf-{name} takes a whole number, got {value!r}") from None
-        if not 1 <= number <= hi:
-            raise ConfigError(f"--perf-{name} must be 1..{hi}, got {number}")
-        return number
-
+    text = o.text
     nodes_text = text("slurm-nodes") or "1,2"
     try:
         nodes = tuple(sorted({int(n) for n in nodes_text.split(",") if n.strip()}))
@@ -300,13 +314,9 @@ def _slurm(
         raise ConfigError("--perf-slurm on cuda needs --perf-slurm-ranks-per-node N (the GPUs per node)")
     if matrix.shared_gpu:
         raise ConfigError("--perf-share-gpu is a one-machine test mode; drop it with --perf-slurm")
-    pending = text("slurm-pending-timeout")
-    try:
-        pending_s = float(pending) if pending is not None else 600.0
-    except ValueError:
-        raise ConfigError(f"--perf-slurm-pending-timeout takes seconds, got {pending!r}") from None
-    if not math.isfinite(pending_s) or not 0 < pending_s <= 7 * 24 * 3600:
-        raise ConfigError(f"--perf-slurm-pending-timeout must be positive seconds, got {pending!r}")
+    pending_s = o.seconds(
+        "slurm-pending-timeout", 600.0, "--perf-slurm-pending-timeout must be positive seconds"
+    )
     try:
         extra = tuple(shlex.split(text("slurm-args") or ""))
     except ValueError as exc:
@@ -316,14 +326,14 @@ def _slurm(
     check_output_path(Path(shared) if shared else None, "--perf-slurm-dir", directory=True)
     return SlurmOptions(
         nodes=nodes,
-        ranks_per_node=count("slurm-ranks-per-node", 1, 1024),
+        ranks_per_node=o.count("slurm-ranks-per-node", 1, (1, 1024)),
         partition=text("slurm-partition"),
         account=text("slurm-account"),
-        time_min=count("slurm-time", 120, 7 * 24 * 60),
+        time_min=o.count("slurm-time", 120, (1, 7 * 24 * 60)),
         extra_args=extra,
         shared_dir=Path(shared) if shared else None,
-        pending_timeout_s=pending_s,
-        skip_pending=flag("slurm-skip-pending"),
+        pending_timeout_s=pending_s or 600.0,
+        skip_pending=o.flag("slurm-skip-pending"),
     )
 
 

@@ -92,7 +92,7 @@ def _read(values: dict[str, str], flags: set[str]) -> PerfConfig:
     [
         ({"slurm-nodes": "1,x"}, "--perf-slurm-nodes takes a comma list"),
         ({"slurm-nodes": "0"}, "node counts are 1..4096"),
-        ({"slurm-ranks-per-node": "0"}, "--perf-slurm-ranks-per-node must be 1..1024"),
+        ({"slurm-ranks-per-node": "0"}, r"--perf-slurm-ranks-per-node takes an integer in \[1, 1024\]"),
         ({"slurm-pending-timeout": "-1"}, "must be positive seconds"),
         ({"slurm-args": "'unclosed"}, "not a shell-quoted string"),
         ({"device": "cuda"}, "needs --perf-slurm-ranks-per-node N"),
