@@ -17,6 +17,7 @@ import pytest
 from scaleguard.evidence.baseline import host_hardware_key
 from scaleguard.machine.env import host_fingerprint
 from scaleguard.ranks.faults import FAULT_ENV
+from scaleguard.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.timeout(500)
 
@@ -53,7 +54,7 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
     recorded.assert_outcomes(passed=2)
     recorded.stdout.fnmatch_lines(["*scaleguard: baseline*: 2 cases recorded*"])
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == SCHEMA_VERSION
     for case_id in ("transformer_tiny-ddp-ws1-fp32-strong", "transformer_tiny-ddp-ws2-fp32-strong"):
         (entry,) = data["cases"][case_id].values()
         assert len(entry["runs"]) == 2 and len({r["run_id"] for r in entry["runs"]}) == 2
