@@ -83,7 +83,7 @@ def test_markup_in_ids_and_versions_is_printed_as_text(
     assert "[/]" in out and "[/x]" in out
     record = write_run(tmp_path / "tr")
     data = json.loads(record.read_text())
-    data["device_name"] = "[/]"
+    data["run"]["device_name"] = "[/]"
     record.write_text(json.dumps(data))
     assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "nb"), "--update-baselines"]) == 0
     assert "[/]" in capsys.readouterr().out
@@ -383,4 +383,5 @@ def test_the_reader_refuses_a_file_past_the_cap_after_reading_the_cap_plus_one(t
 
 def test_the_torchrun_record_is_read_by_the_one_reader(tmp_path: Path) -> None:
     record = write_run(tmp_path)
-    assert torchrun_entry.read_finished_record(record).spec.world_size == 1
+    spec, _ = torchrun_entry.read_finished_record(record)
+    assert spec.world_size == 1
