@@ -206,4 +206,5 @@ def test_ab_on_a_cluster_alternates_both_sides_on_one_allocation(
     assert out.count("Slurm allocation ") == 1, out[-3000:]  # one allocation holds A and B
     assert "REGRESSED" not in out
     runs = sorted((tmp_path / "shared").glob("ab-*/*/srun.log"))
-    assert len(runs) >= 6 and {p.parent.name.split(".")[-1][0] for p in runs} == {"A", "B"}
+    # at least the 2 pairs an A/B case needs; more when undecided (the cap is 3)
+    assert len(runs) >= 4 and {p.parent.name.split(".")[-1][0] for p in runs} == {"A", "B"}

@@ -304,8 +304,15 @@ def decide_pairs(
     """Status and shifts from per-pair step medians (and efficiencies, peak memories): REGRESSED
     when any metric is; else IMPROVED when step time is; SAME when step time and efficiency are
     the same; else INCONCLUSIVE."""
-    step = paired_shift(a, b, relative=True)
-    effs = paired_shift(eff[0], eff[1], relative=False) if eff and len(eff[0]) >= 2 else None
+    # the device's floor on a measured spread, as for the runs of a night: two pairs that happen
+    # to agree (df 1) must not make a change look certain. Seen on the 2-core VM: an A/A on a
+    # Slurm allocation read IMPROVED -9.8 % after 2 pairs with a pair spread of 0.3 % (p=0.007)
+    step = paired_shift(a, b, relative=True, min_spread=thr.min_spread)
+    effs = (
+        paired_shift(eff[0], eff[1], relative=False, min_spread=thr.min_spread)
+        if eff and len(eff[0]) >= 2
+        else None
+    )
     mems = paired_shift(mem[0], mem[1], relative=True, min_spread=1e-3) if mem else None
     metrics = metric_verdicts(step, effs, mems, thr)
     reasons = [m for m in ("step", "efficiency", "memory") if metrics.get(m) is Status.REGRESSED]
