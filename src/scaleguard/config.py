@@ -176,28 +176,25 @@ class _Values:
         return value
 
     def positive(self, name: str, hi: float, unit: str) -> float | None:
-        value = self.text(name)
-        if value is None:
-            return None
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not math.isfinite(number) or not 0 < number <= hi:
-            raise ConfigError(f"--perf-{name} takes {unit}, got {value!r}")
-        return number
+        return self._number(name, None, hi, f"--perf-{name} takes {unit}", f"--perf-{name} takes {unit}")
 
     def seconds(self, name: str, default: float | None, problem: str) -> float | None:
         """Positive seconds, at most a week; ``problem``: the message's start."""
+        return self._number(name, default, 7 * 24 * 3600, f"--perf-{name} takes seconds", problem)
+
+    def _number(
+        self, name: str, default: float | None, hi: float, not_number: str, out_of_range: str
+    ) -> float | None:
+        """A finite number in (0, hi]; the two messages say which way the value is wrong."""
         value = self.text(name)
         if value is None:
             return default
         try:
             number = float(value)
         except ValueError:
-            raise ConfigError(f"--perf-{name} takes seconds, got {value!r}") from None
-        if not math.isfinite(number) or not 0 < number <= 7 * 24 * 3600:
-            raise ConfigError(f"{problem}, got {value!r}")
+            raise ConfigError(f"{not_number}, got {value!r}") from None
+        if not math.isfinite(number) or not 0 < number <= hi:
+            raise ConfigError(f"{out_of_range}, got {value!r}")
         return number
 
     def path(self, name: str) -> Path | None:
