@@ -353,7 +353,7 @@ def read_run_file(data: Any, where: str, fix: str) -> tuple[CaseSpec, RunRecord]
         return _schema2_run_file(f)
     f.known(_RUN_FILE_FIELDS)
     spec = CaseSpec.from_fields(f.obj("spec"))
-    return spec, RunRecord.from_dict(f.data.get("run"), f"{where}.run", fix)
+    return spec, RunRecord.from_dict(f.obj("run").data, f"{where}.run", fix)  # "field 'run' is missing"
 
 
 def _schema2_run_file(f: Fields) -> tuple[CaseSpec, RunRecord]:
