@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,8 +288,6 @@ def check_output_path(
 
 def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
     """``--perf-slurm-*``, checked now: a typo found after an hour in the queue would lose it."""
-    import shlex
-
     from scaleguard.schedule.slurm import missing_commands
 
     missing = missing_commands()
@@ -321,9 +321,43 @@ def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
     shared = text("slurm-dir")
     # every node writes its rank files there: a file, a link or no write access is said now
     check_output_path(Path(shared) if shared else None, "--perf-slurm-dir", directory=True)
+    rpn = o.count("slurm-ranks-per-node", 1, (1, 1024))
+    gpu_type, gpus = _gpus_per_node(text("slurm-gpus-per-node"), matrix.device, rpn)
+    bind = text("slurm-gpu-bind") or "node"
+    if bind not in ("node", "task"):
+        raise ConfigError(f"--perf-slurm-gpu-bind is node or task, got {bind!r}")
+    if bind == "task" and gpus not in (None, rpn):
+        raise ConfigError(
+            f"--perf-slurm-gpu-bind task gives each of the {rpn} ranks per node one GPU; "
+            f"--perf-slurm-gpus-per-node {gpus} does not match"
+        )
+    mem = text("slurm-mem") or "0"
+    if not re.fullmatch(r"\d{1,9}[KMGT]?", mem):
+        raise ConfigError(f"--perf-slurm-mem takes a size as Slurm writes it (0, 64G, 512000M), got {mem!r}")
+    try:
+        srun_args = tuple(shlex.split(text("slurm-srun-args") or ""))
+    except ValueError as exc:
+        raise ConfigError(f"--perf-slurm-srun-args is not a shell-quoted string ({exc})") from None
+    iface = text("slurm-iface")
+    if iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:^=,-]{1,64}", iface):
+        raise ConfigError(f"--perf-slurm-iface takes an interface name (eth0, ib0, ^docker), got {iface!r}")
+    python = text("slurm-python")
+    if python is not None and (not python.strip() or "\x00" in python):
+        raise ConfigError("--perf-slurm-python is empty")
     return SlurmOptions(
         nodes=nodes,
-        ranks_per_node=o.count("slurm-ranks-per-node", 1, (1, 1024)),
+        ranks_per_node=rpn,
+        gpus_per_node=gpus,
+        gpu_type=gpu_type,
+        gpu_bind=bind,
+        cpus_per_task=o.integer("slurm-cpus-per-task", None, (1, 4096)),
+        mem=mem,
+        exclusive=not o.flag("slurm-no-exclusive"),
+        srun_args=srun_args,
+        python=python,
+        export=_env(o.lines("slurm-export"), "--perf-slurm-export"),
+        iface=iface,
+        retries=o.count("slurm-retries", 1, (0, 10)),
         partition=text("slurm-partition"),
         account=text("slurm-account"),
         time_min=o.count("slurm-time", 120, (1, 7 * 24 * 60)),
@@ -332,6 +366,22 @@ def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
         pending_timeout_s=pending_s or 600.0,
         skip_pending=o.flag("slurm-skip-pending"),
     )
+
+
+def _gpus_per_node(value: str | None, device: str, rpn: int) -> tuple[str | None, int | None]:
+    """``--perf-slurm-gpus-per-node``: (GRES type or None, count); count None means "the ranks
+    per node on cuda, none on cpu" (decided once the device is known)."""
+    if value is None:
+        return None, None
+    gpu_type, _, count = value.rpartition(":")
+    bad_type = gpu_type and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", gpu_type)
+    if not count.isdigit() or int(count) > 1024 or bad_type:
+        raise ConfigError(f"--perf-slurm-gpus-per-node takes N or TYPE:N (8, h100:8), got {value!r}")
+    if device == "cuda" and int(count) < rpn and int(count) != 0:
+        raise ConfigError(
+            f"--perf-slurm-gpus-per-node {value}: {rpn} ranks per node need {rpn} GPUs per node"
+        )
+    return gpu_type or None, int(count)
 
 
 def _env(items: Sequence[str], option: str) -> tuple[tuple[str, str], ...]:

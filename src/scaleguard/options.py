@@ -287,6 +287,68 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "slurm-gpus-per-node",
+        "GPUs asked for on each node, N or TYPE:N (salloc and srun --gpus-per-node; 0 asks for none)",
+        "the ranks per node on cuda, 0 on cpu",
+        metavar="[TYPE:]N",
+    ),
+    Option(
+        "slurm-gpu-bind",
+        "how a step's GPUs reach its ranks: node (every rank sees the node's GPUs and takes "
+        "cuda:LOCAL_RANK) or task (--gpus-per-task=1: each rank sees its own one GPU)",
+        "node",
+        choices=("node", "task"),
+    ),
+    Option(
+        "slurm-cpus-per-task",
+        "CPUs for each rank (salloc and srun -c); a rank runs as many threads as it is bound to",
+        "a node's CPUs / ranks per node",
+        metavar="N",
+    ),
+    Option(
+        "slurm-mem",
+        "memory per node (salloc and srun --mem; 0 is all of the node's)",
+        "0",
+        metavar="SIZE",
+    ),
+    Option(
+        "slurm-no-exclusive",
+        "share the nodes with other jobs (no --exclusive): a neighbour's load then lands in the runs",
+        "off (nodes held exclusively)",
+        kind="flag",
+    ),
+    Option(
+        "slurm-srun-args",
+        "more srun arguments for every step, as one shell-quoted string (e.g. "
+        "'--container-image=nvcr.io#nvidia/pytorch:25.01-py3 --mpi=pmix' or '--reservation=perf')",
+        metavar="ARGS",
+    ),
+    Option(
+        "slurm-python",
+        "the Python each step runs (e.g. a container's /usr/bin/python)",
+        "the one running pytest",
+        metavar="PYTHON",
+    ),
+    Option(
+        "slurm-export",
+        "an environment variable for every step's ranks (repeatable)",
+        kind="lines",
+        metavar="KEY=VALUE",
+    ),
+    Option(
+        "slurm-iface",
+        "the network interface the ranks talk over (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME)",
+        "what each library picks",
+        metavar="IFACE",
+    ),
+    Option(
+        "slurm-retries",
+        "new allocations a session may ask for when its allocation is lost (preempted, a node "
+        "failed, cancelled from outside); a failed node is excluded from the next",
+        "1",
+        metavar="N",
+    ),
+    Option(
         "slurm-skip-pending",
         "skip the cases, instead of failing them, when the allocation never starts",
         "off",

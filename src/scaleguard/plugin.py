@@ -89,6 +89,33 @@ def pytest_configure(config: pytest.Config) -> None:
             state.ab_sides()  # so is a missing or torch-less B interpreter
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
+    if perf_config.slurm is not None:
+        _release_on_signals()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP ended the session: unwound as Ctrl-C is, so every step and the
+    allocation are released on the way out (``Suite.close``)."""
+
+
+def _release_on_signals() -> None:
+    """SIGTERM and SIGHUP (scancel of a wrapper job, its time limit with ``--signal``, a
+    watchdog, a dropped ssh) end the session as Ctrl-C does, instead of killing it with its
+    allocation held. The first one unwinds; later ones are ignored so the release finishes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        name = signal.Signals(signum).name
+        raise Terminated(f"{name}: the session releases its Slurm allocation and stops")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -140,6 +167,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     items = [item for item in session.items if "perf_case" in getattr(item, "fixturenames", ())]
     if items:
         state = session.config.stash[STATE]
+        state.selected = tuple(
+            item.callspec.params["perf_case"]
+            for item in items
+            if hasattr(item, "callspec") and item.get_closest_marker("skip") is None
+        )  # (a cluster's allocation holds as many nodes as these need)
+        state.collect_only = bool(session.config.option.collectonly)
         # a broken baseline file stops the run before any case is measured, as a usage error
         with usage_errors():
             state.baseline_context()
@@ -153,11 +186,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 )
                 if reporter is not None:
                     reporter.write_line(message, yellow=True)
-        state.selected = tuple(
-            item.callspec.params["perf_case"]
-            for item in items
-            if hasattr(item, "callspec") and item.get_closest_marker("skip") is None
-        )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -182,12 +210,27 @@ def perf_session(request: pytest.FixtureRequest) -> Any:
     return request.config.stash[STATE].perf_session()
 
 
-def _fail_or_skip(exc: Exception) -> NoReturn:
+def _fail_or_skip(exc: Exception, state: Suite | None = None) -> NoReturn:
     """A case that failed fails its test; one that never started (its cluster allocation stayed
-    pending) is skipped instead when the user asked for that (--perf-slurm-skip-pending)."""
+    pending) is skipped instead when the user asked for that (--perf-slurm-skip-pending); one
+    the cluster took away (its allocation lost, and the new one too) is an infrastructure
+    outcome: skipped, listed apart, and the session exits EXIT_INFRASTRUCTURE if nothing failed."""
+    if getattr(exc, "infra", False):
+        if state is not None:
+            state.infrastructure[getattr(exc, "case_id", "?")] = str(exc)
+        pytest.skip(f"INFRASTRUCTURE: {exc}")
     if getattr(exc, "skip", False):
         pytest.skip(str(exc))
     pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash.get(STATE, None)
+    if state is not None and state.infrastructure and session.exitstatus == pytest.ExitCode.OK:
+        from scaleguard.schedule.slurm import EXIT_INFRASTRUCTURE
+
+        session.exitstatus = EXIT_INFRASTRUCTURE
 
 
 @pytest.fixture
@@ -203,7 +246,7 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             try:
                 paired = ab_session.measure(spec)
             except CaseFailedError as exc:
-                _fail_or_skip(exc)
+                _fail_or_skip(exc, request.config.stash[STATE])
             side_a = ab_session.ledgers["A"]
             benchmark_io.record(benchmark, spec, side_a.evidence(spec.case_id), None)
             benchmark.extra_info.update({"ab_verdict": paired.status.value, "ab_story": paired.story})
@@ -213,7 +256,7 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
         try:
             verdict = perf_session.measure(spec)
         except CaseFailedError as exc:
-            _fail_or_skip(exc)
+            _fail_or_skip(exc, request.config.stash[STATE])
         ledger = perf_session.ledger
         evidence = ledger.evidence(spec.case_id)
         benchmark_io.record(
@@ -251,13 +294,16 @@ class _BenchmarkHooks:
         spec = planned[0].spec
         host = host_fingerprint()
         threads = spec.settings.threads_per_rank
+        # on a cluster, the compute nodes' key (the login node ran nothing)
+        on_cluster = self.state.config.slurm is not None
+        key = self.state.hardware_key() if on_cluster else host_hardware_key(host, spec.device, threads)
         benchmark_io.update_machine_info(
             machine_info,
             host,
             spec.device,
             spec.profile,
             threads,
-            host_hardware_key(host, spec.device, threads),
+            key,
         )
 
 
@@ -285,7 +331,10 @@ def pytest_terminal_summary(
         report.render(report.scaling_tables(ledger, state.config.peak_tflops if state else None), width)
     )
     for case_id, reason in ledger.failures.items():
-        terminalreporter.write_line(f"FAILED {case_id}: {reason}")
+        if state is not None and case_id in state.infrastructure:
+            terminalreporter.write_line(f"INFRASTRUCTURE {case_id}: not run, the cluster lost it: {reason}")
+        else:
+            terminalreporter.write_line(f"FAILED {case_id}: {reason}")
     for line in report.verdict_lines(list(ledger.verdicts.values())):
         terminalreporter.write_line(line)
     for line in report.disturbance_lines(ledger):
@@ -294,6 +343,8 @@ def pytest_terminal_summary(
 
     for line in report.time_lines(ledger, time.monotonic() - state.started if state else 0.0):
         terminalreporter.write_line(line)
+    if state is not None and state.slurm_used() is not None:
+        terminalreporter.write_line(state.slurm_used() or "")
     if state is not None and state.config.update_baselines:
         update = ledger.update_baselines(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
         for line in report.baseline_update_lines(update):

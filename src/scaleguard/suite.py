@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from scaleguard.ranks.launcher import Pools
     from scaleguard.schedule.ab import ABSession, Side
     from scaleguard.schedule.matrix import PlannedCase
+    from scaleguard.schedule.preflight import Preflight
     from scaleguard.schedule.session import PerfSession, Schedule
     from scaleguard.schedule.slurm import NodeFacts, SlurmRunner
 
@@ -51,6 +52,9 @@ class Suite:
         self._ab_sides: tuple[Side, Side] | None = None
         self._node_facts: NodeFacts | None = None
         self._slurm_runner: SlurmRunner | None = None
+        self.session_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.collect_only = False  # pytest --collect-only: nothing is asked of a cluster
+        self.infrastructure: dict[str, str] = {}  # case -> why the cluster could not run it
 
     # -- what runs ---------------------------------------------------------------------------
 
@@ -144,11 +148,28 @@ class Suite:
         if self.config.slurm is not None:
             from scaleguard.schedule.slurm import cluster_hardware_key
 
+            checked = self.cluster_preflight()
+            if checked is not None:  # the compute nodes' own CPU and GPU
+                gpu, cpu = checked.gpu_name, checked.cpu_model
+            else:  # no allocation (it never started: every case says why): what sinfo says
+                gpu, cpu = self.node_facts().gpu_type, self.host().cpu_model
             return cluster_hardware_key(
-                spec.device, self.node_facts(), self.config.slurm, self.host().cpu_model,
-                spec.settings.threads_per_rank,
-            )  # fmt: skip
+                spec.device, gpu, self.config.slurm, cpu, spec.settings.threads_per_rank
+            )
         return host_hardware_key(self.host(), spec.device, spec.settings.threads_per_rank)
+
+    def cluster_preflight(self) -> Preflight | None:
+        """The allocation's pre-flight, run once (the allocation is asked for here, before the
+        baseline is chosen: its key is the compute nodes'); None when it could not be had."""
+        runner = self.slurm_runner()
+        if runner.preflight is None and not self.collect_only and runner.not_started is None:
+            from scaleguard.ranks.protocol import CaseFailedError
+
+            try:
+                runner.ensure_allocation("(the session's allocation)")
+            except CaseFailedError:
+                pass  # every case says why, as its own failure (or skip)
+        return runner.preflight
 
     # -- what it is judged against -----------------------------------------------------------
 
@@ -240,23 +261,22 @@ class Suite:
                 if limit is not None:
                     foreign_load.wait_quiet(limit, seconds)
 
-            session_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            session_id = self.session_id
             if self.config.slurm is not None:
                 # the runs are steps of one allocation; the rank files go where every node sees
-                # them. The machine probe and the foreign-load watch read this (login) node,
-                # not the compute nodes: on a cluster they are off, and said so
+                # them. The machine probe and the foreign-load check ran on every node in the
+                # pre-flight: the session's probe is the slowest node's (it paces the steps)
                 self.session = PerfSession(
                     Ledger(session_id, self.baseline_context()),
                     self.slurm_dir() / session_id,
                     self.timeout_s(),
                     self.schedule(),
-                    run=self.slurm_runner(session_id),
+                    run=self.slurm_runner(),
                     on_run=self.progress,
                 )
-                self.progress(
-                    "on Slurm: the machine-speed probe and the foreign-load check are off (they would "
-                    "read this node, not the compute nodes)"
-                )
+                checked = self.cluster_preflight()
+                if checked is not None and checked.slowest_machine():
+                    self.session.ledger.machine = checked.slowest_machine()
                 return self.session
             self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
             self.pools = Pools(self.run_root / "pools", isolate=self.config.isolate)
@@ -279,8 +299,8 @@ class Suite:
         assert self.config.slurm is not None
         return self.config.slurm.shared_dir or self.rootpath / ".scaleguard" / "slurm"
 
-    def slurm_runner(self, session_id: str) -> SlurmRunner:
-        """The session's one allocation (asked for at the first run) and its run function."""
+    def slurm_runner(self) -> SlurmRunner:
+        """The session's one allocation (asked for before the first run) and its run function."""
         if self._slurm_runner is None:
             from scaleguard.schedule import slurm
 
@@ -291,9 +311,26 @@ class Suite:
                 p.spec for p in self.planned() if p.skip_reason is None
             ]
             nodes = max((s.settings.nodes for s in chosen), default=1)
-            allocation = slurm.Allocation(self.config.slurm, nodes, f"scaleguard-{session_id}", self.progress)
-            self._slurm_runner = slurm.SlurmRunner(allocation)
+            resources = self.config.slurm.resources(self.device, self.node_facts())
+            allocation = slurm.Allocation(
+                self.config.slurm, nodes, f"scaleguard-{self.session_id}", self.progress, resources
+            )
+            self._slurm_runner = slurm.SlurmRunner(
+                allocation, preflight_dir=self.slurm_dir() / self.session_id, device=self.device
+            )
         return self._slurm_runner
+
+    def slurm_used(self) -> str | None:
+        """How well the session used what it held: node-minutes held against node-minutes in
+        the runs' steps (None off a cluster, or before an allocation was held)."""
+        runner = self._slurm_runner
+        if runner is None or runner.node_seconds_held <= 0:
+            return None
+        held, used = runner.node_seconds_held / 60, runner.used_s / 60
+        return (
+            f"scaleguard: Slurm node-minutes held {held:.1f}, in the runs' steps {used:.1f} "
+            f"({used / held:.0%}); the rest: the pre-flight, steps starting, judging between runs"
+        )
 
     def ab_sides(self) -> tuple[Side, Side] | None:
         """The two probed sides of a paired A/B session; None when A/B is off."""
@@ -338,7 +375,7 @@ class Suite:
                 lambda case_id: settings.for_case(case_id, device, paired=True),
                 ab.ABSchedule.for_device(device, self.config.ab_pairs),
                 run=(
-                    self.slurm_runner(f"ab-{uuid.uuid4().hex[:6]}")
+                    self.slurm_runner()
                     if self.config.slurm is not None
                     else functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit())
                 ),

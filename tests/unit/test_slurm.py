@@ -76,11 +76,82 @@ def test_what_cannot_run_on_the_cluster_says_why() -> None:
 
 def test_a_clusters_key_is_never_a_single_machines() -> None:
     opts = slurm.SlurmOptions(ranks_per_node=8)
-    facts = slurm.NodeFacts(cpus=96, gpu_type="h100", nodes_up=2)
-    assert slurm.cluster_hardware_key("cuda", facts, opts, "Intel Xeon", 12) == "slurm-cuda-h100-x8-8pn"
-    assert slurm.cluster_hardware_key("cpu", FACTS, slurm.SlurmOptions(), "AMD EPYC", 1) == (
+    key = slurm.cluster_hardware_key("cuda", "NVIDIA H100 80GB HBM3", opts, "Intel Xeon", 12)
+    assert key == "slurm-cuda-nvidia-h100-80gb-hbm3-x8-8pn"
+    assert slurm.cluster_hardware_key("cpu", None, slurm.SlurmOptions(), "AMD EPYC", 1) == (
         "slurm-cpu-amd-epyc-1t-1pn"
     )
+
+
+@pytest.mark.parametrize(
+    ("gres", "asked", "gpu_type"),
+    [
+        (["gpu:h100:8", "gpu:h100:8"], None, "h100"),
+        (["gpu:8(S:0-1)"], None, "gpu"),  # untyped: recognised, named by the pre-flight
+        (["gpu:a100:8", "gpu:h100:8"], None, "mixed"),  # never the last one listed
+        (["gpu:a100:8", "gpu:h100:8"], "h100", "h100"),
+        (["(null)"], None, None),
+    ],
+)
+def test_sinfos_gpu_types_are_read_whole_not_the_last_one(
+    gres: list[str], asked: str | None, gpu_type: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    rows = "\n".join(f"8|{g}|n{i}|idle" for i, g in enumerate(gres))
+    monkeypatch.setattr(
+        slurm, "_run", lambda cmd, timeout_s=30.0: subprocess.CompletedProcess(cmd, 0, rows, "")
+    )
+    assert slurm.node_facts(slurm.SlurmOptions(gpu_type=asked)).gpu_type == gpu_type
+
+
+def test_the_allocation_and_each_step_ask_for_gpus_cpus_memory_and_the_whole_node() -> None:
+    facts = slurm.NodeFacts(cpus=96, gpu_type="h100", nodes_up=2)
+    node = slurm.SlurmOptions(ranks_per_node=8).resources("cuda", facts)
+    assert node.salloc_args() == [
+        "--ntasks-per-node=8", "--cpus-per-task=12", "--mem=0", "--gpus-per-node=8", "--exclusive"
+    ]  # fmt: skip
+    assert node.step_args() == ["--cpus-per-task=12", "--mem=0", "--gpus-per-node=8"]
+    task = slurm.SlurmOptions(
+        ranks_per_node=8, gpu_bind="task", gpu_type="h100", cpus_per_task=10, mem="500G", exclusive=False
+    ).resources("cuda", facts)
+    assert task.salloc_args() == [
+        "--ntasks-per-node=8", "--cpus-per-task=10", "--mem=500G", "--gpus-per-node=h100:8"
+    ]  # fmt: skip
+    assert task.step_args() == ["--cpus-per-task=10", "--mem=500G", "--gpus-per-task=h100:1"]
+    # the pre-flight: one task per node, given the whole node
+    assert task.step_args(whole_node=True) == ["--cpus-per-task=80", "--mem=500G", "--gpus-per-node=h100:8"]
+    cpu = slurm.SlurmOptions(ranks_per_node=2).resources("cpu", FACTS)
+    assert cpu.salloc_args() == ["--ntasks-per-node=2", "--cpus-per-task=8", "--mem=0", "--exclusive"]
+    assert "gres/gpu" not in cpu.tres() and "gres/gpu:h100=8" in task.tres()
+
+
+def test_a_rank_takes_its_own_device_in_both_binding_styles() -> None:
+    from scaleguard.ranks.worker import device_index
+
+    assert [device_index(r, 8, False) for r in range(8)] == list(range(8))  # the node's 8 GPUs seen
+    assert [device_index(r, 1, False) for r in range(8)] == [0] * 8  # one GPU per task
+    assert [device_index(r, 2, True) for r in range(4)] == [0, 1, 0, 1]  # --perf-share-gpu
+
+
+def test_the_gres_slurm_allocated_is_read_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    shown = (
+        "JobId=7 JobName=x\n   Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=gpu:fake:2(IDX:0-1)\n"
+        "   Nodes=n5 CPU_IDs=0-1 Mem=0 GRES=gpu:fake2:2(IDX:0-1)\n"
+    )
+
+    def run(cmd: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        if cmd[:3] == ["scontrol", "show", "hostnames"]:
+            names = {"n[1-2]": "n1\nn2", "n5": "n5"}[cmd[3]]
+            return subprocess.CompletedProcess(cmd, 0, names, "")
+        return subprocess.CompletedProcess(cmd, 0, shown, "")
+
+    monkeypatch.setattr(slurm, "_run", run)
+    assert slurm.allocated_gres("7") == {
+        "n1": "gpu:fake:2(IDX:0-1)", "n2": "gpu:fake:2(IDX:0-1)", "n5": "gpu:fake2:2(IDX:0-1)"
+    }  # fmt: skip
 
 
 def _read(values: dict[str, str], flags: set[str]) -> PerfConfig:
@@ -96,6 +167,19 @@ def _read(values: dict[str, str], flags: set[str]) -> PerfConfig:
         ({"slurm-pending-timeout": "-1"}, "must be positive seconds"),
         ({"slurm-args": "'unclosed"}, "not a shell-quoted string"),
         ({"device": "cuda"}, "needs --perf-slurm-ranks-per-node N"),
+        ({"slurm-gpus-per-node": "h100:x"}, "takes N or TYPE:N"),
+        ({"slurm-gpus-per-node": "a;b:2"}, "takes N or TYPE:N"),
+        ({"device": "cuda", "slurm-ranks-per-node": "8", "slurm-gpus-per-node": "4"}, "need 8 GPUs per node"),
+        ({"slurm-gpu-bind": "socket"}, "is node or task"),
+        (
+            {"slurm-ranks-per-node": "2", "slurm-gpus-per-node": "4", "slurm-gpu-bind": "task"},
+            "does not match",
+        ),
+        ({"slurm-mem": "lots"}, "takes a size as Slurm writes it"),
+        ({"slurm-srun-args": "'unclosed"}, "--perf-slurm-srun-args is not a shell-quoted string"),
+        ({"slurm-iface": "eth0; rm -rf /"}, "takes an interface name"),
+        ({"slurm-cpus-per-task": "0"}, r"--perf-slurm-cpus-per-task takes an integer in \[1, 4096\]"),
+        ({"slurm-retries": "11"}, r"--perf-slurm-retries takes an integer in \[0, 10\]"),
     ],
 )
 def test_bad_slurm_options_are_refused_before_anything_is_queued(
@@ -122,6 +206,32 @@ def test_slurm_options_are_read_into_one_value(monkeypatch: pytest.MonkeyPatch) 
         nodes=(2, 4), ranks_per_node=8, extra_args=("--qos=perf", "--constraint=h100 x"), skip_pending=True
     )
     assert _read({}, set()).slurm is None
+    site = PerfConfig.read(
+        lambda n: {
+            "slurm-gpus-per-node": "h100:8",
+            "slurm-ranks-per-node": "8",
+            "slurm-gpu-bind": "task",
+            "slurm-cpus-per-task": "12",
+            "slurm-mem": "500G",
+            "slurm-iface": "ib0",
+            "slurm-python": "/usr/bin/python",
+            "slurm-retries": "0",
+            "slurm-srun-args": "--container-image=nvcr.io#nvidia/pytorch:25.01-py3 --mpi=pmix",
+        }.get(n),
+        lambda n: n in {"slurm", "slurm-no-exclusive"},
+        lambda n: ["NCCL_IB_HCA=mlx5", "A=b=c"] if n == "slurm-export" else [],
+    ).slurm
+    assert site is not None
+    assert (site.gpu_type, site.gpus_per_node, site.gpu_bind, site.cpus_per_task, site.mem) == (
+        "h100",
+        8,
+        "task",
+        12,
+        "500G",
+    )
+    assert (site.exclusive, site.iface, site.python, site.retries) == (False, "ib0", "/usr/bin/python", 0)
+    assert site.srun_args == ("--container-image=nvcr.io#nvidia/pytorch:25.01-py3", "--mpi=pmix")
+    assert site.export == (("NCCL_IB_HCA", "mlx5"), ("A", "b=c"))
 
 
 def test_a_shared_dir_that_is_a_file_is_refused_at_configure(

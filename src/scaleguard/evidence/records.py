@@ -113,6 +113,8 @@ class RankResult:
     pid: int = stored(read_int(), default=0)  # the rank's process: two runs of one case never share one
     process_runs_before: int = stored(read_int(), default=0)  # runs this process made before (0: fresh)
     flops_per_step: float = stored(read_number(0.0, 1e21), default=0.0)  # this process's training FLOPs
+    # where it ran: node, bound CPUs, visible devices (UUIDs on GPU), what the Slurm step gave it
+    placement: dict[str, Any] = stored(read_object, default_factory=dict)
     schema_version: int = stored(read_version, default=SCHEMA_VERSION)
 
     def to_dict(self) -> dict[str, Any]:

@@ -122,6 +122,8 @@ class RunRecord:
     settings: dict[str, Any] = stored(read_scalars, default_factory=dict)  # speed knobs as applied
     notes: tuple[str, ...] = stored(read_texts, default=())  # what a reader of the run should know
     gpu_whole_run: dict[str, Any] = stored(read_object, default_factory=dict)  # GPUs over the whole run
+    # per rank ("0", "1" ...): its node, bound CPUs, visible devices and the Slurm step's grant
+    placement: dict[str, Any] = stored(read_object, default_factory=dict)
 
     @property
     def median_s(self) -> float:
@@ -178,6 +180,7 @@ class RunRecord:
             ),
             process_runs_before=max(r.process_runs_before for r in ranks),
             flops_per_step=ranks[0].flops_per_step,
+            placement={str(r.rank): dict(r.placement) for r in ranks if r.placement},
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from scaleguard.evidence.records import (
 )
 from scaleguard.evidence.steady import WarmupPolicy
 from scaleguard.machine.env import cpu_model, runtime_versions
+from scaleguard.machine.placement import bound_cpus, slurm_placement
 from scaleguard.ranks import timing
 from scaleguard.ranks.collective import build_allreduce_step
 from scaleguard.ranks.faults import FaultSpec
@@ -122,9 +123,12 @@ class _Status:
 def _apply_settings(spec: CaseSpec) -> dict[str, Any]:
     """Speed knobs, set inside the rank (a spawned child inherits none of the parent's)."""
     s = spec.settings
-    torch.set_num_threads(s.threads_per_rank)
+    # a rank bound to fewer CPUs than the plan assumed (Slurm's -c with task/affinity) runs as
+    # many threads as it has CPUs: more would time-share them and read as a slowdown
+    threads = min(s.threads_per_rank, len(bound_cpus()))
+    torch.set_num_threads(threads)
     try:
-        torch.set_num_interop_threads(max(1, min(4, s.threads_per_rank)))
+        torch.set_num_interop_threads(max(1, min(4, threads)))
     except RuntimeError:
         pass  # already fixed once parallel work ran; recorded below as it really is
     torch.backends.cudnn.benchmark = s.cudnn_benchmark
@@ -143,14 +147,24 @@ def _apply_settings(spec: CaseSpec) -> dict[str, Any]:
     }
 
 
+def device_index(local_rank: int, visible: int, shared_gpu: bool) -> int:
+    """Which visible CUDA device a rank takes. Every rank of a node sees the node's GPUs (a
+    local pool, srun --gpus-per-node): cuda:LOCAL_RANK. A rank that sees exactly one (srun
+    --gpus-per-task=1, --gpu-bind, a site's per-task binding): that one, cuda:0."""
+    if shared_gpu or visible == 1:
+        return local_rank % max(visible, 1)
+    return local_rank
+
+
 def _device_for(spec: CaseSpec, local_rank: int) -> torch.device:
     if spec.device == "cpu":
         return torch.device("cpu")
     count = torch.cuda.device_count()
-    index = local_rank % max(count, 1) if spec.settings.shared_gpu else local_rank
+    index = device_index(local_rank, count, spec.settings.shared_gpu)
     if count < (spec.world_size if spec.mode == "dp" else index + 1):
         raise RuntimeError(
-            f"{spec.case_id}: rank needs cuda:{index}, but only {count} CUDA devices are visible"
+            f"{spec.case_id}: rank needs cuda:{index}, but only {count} CUDA devices are visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
         )
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
@@ -506,6 +520,7 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
             pid=os.getpid(),
             process_runs_before=job.index,
             flops_per_step=phased.flops_per_step if phased is not None else 0.0,
+            placement=_placement(device),
         )
         result = _with_anatomy(result, spec, phased, device, member.rank, files, status, fault)
         status.set(RankPhase.WRITING)
@@ -536,6 +551,17 @@ def run_job(job: Job, member: Membership, case_out: str | None = None, run_id: s
         sys.stderr.write(f"[scaleguard rank {member.rank}] {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
         os._exit(1)
+
+
+def _placement(device: torch.device) -> dict[str, Any]:
+    """This rank's node, bound CPUs, threads, and its device with its UUID (a GPU that two runs
+    both called cuda:0 may be two different GPUs)."""
+    facts = slurm_placement()
+    facts["threads"] = torch.get_num_threads()
+    if device.type == "cuda":
+        facts["device"] = str(device)
+        facts["gpu_uuid"] = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
+    return facts
 
 
 def _join(member: Membership, spec: CaseSpec, device: torch.device) -> None:

@@ -87,10 +87,21 @@ class SlurmOptions:
     partition: str | None = None
     account: str | None = None
     time_min: int = 120  # the allocation's time limit, minutes
-    extra_args: tuple[str, ...] = ()  # more salloc arguments (--constraint, --qos, --gres ...)
+    extra_args: tuple[str, ...] = ()  # more salloc arguments (--constraint, --qos ...)
     shared_dir: Path | None = None  # on a file system every node sees; default <rootdir>/.scaleguard/slurm
     pending_timeout_s: float = 600.0
     skip_pending: bool = False  # a session whose allocation never starts skips instead of failing
+    gpus_per_node: int | None = None  # None: the ranks per node on cuda, none on cpu
+    gpu_type: str | None = None  # the GRES type asked for ("h100" of h100:8), None: any
+    gpu_bind: str = "node"  # node: every rank sees the node's GPUs; task: one GPU per rank
+    cpus_per_task: int | None = None  # None: a node's CPUs / ranks per node
+    mem: str = "0"  # per node, as Slurm writes sizes; 0: all of it
+    exclusive: bool = True
+    srun_args: tuple[str, ...] = ()  # more srun arguments for every step (containers, --mpi ...)
+    python: str | None = None  # the interpreter inside the step; None: the session's own
+    export: tuple[tuple[str, str], ...] = ()  # environment for every step's ranks
+    iface: str | None = None  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
+    retries: int = 1  # new allocations after a lost one
 
     def to_dict(self) -> dict[str, Any]:
         return {  # plain values: a baseline's hardware record holds no lists
@@ -99,6 +110,70 @@ class SlurmOptions:
             "partition": self.partition,
             "account": self.account,
         }
+
+    def resources(self, device: str, facts: NodeFacts) -> Resources:
+        """What each node and each rank is given, with the defaults decided for this device."""
+        rpn = self.ranks_per_node
+        gpus = self.gpus_per_node if self.gpus_per_node is not None else (rpn if device == "cuda" else 0)
+        return Resources(
+            ranks_per_node=rpn,
+            gpus_per_node=gpus,
+            gpu_type=self.gpu_type,
+            gpu_bind=self.gpu_bind if gpus else "none",
+            cpus_per_task=self.cpus_per_task or max(1, facts.cpus // rpn),
+            mem=self.mem,
+            exclusive=self.exclusive,
+        )
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the allocation and every step ask Slurm for, per node and per task."""
+
+    ranks_per_node: int
+    gpus_per_node: int
+    gpu_type: str | None
+    gpu_bind: str  # node, task, or none (no GPUs asked for)
+    cpus_per_task: int
+    mem: str
+    exclusive: bool
+
+    def _gpus(self, count: int) -> str:
+        return f"{self.gpu_type}:{count}" if self.gpu_type else str(count)
+
+    def salloc_args(self) -> list[str]:
+        args = [f"--ntasks-per-node={self.ranks_per_node}", f"--cpus-per-task={self.cpus_per_task}",
+                f"--mem={self.mem}"]  # fmt: skip
+        if self.gpus_per_node:
+            args.append(f"--gpus-per-node={self._gpus(self.gpus_per_node)}")
+        if self.exclusive:
+            args.append("--exclusive")
+        return args
+
+    def step_args(self, whole_node: bool = False) -> list[str]:
+        """A run's step: each task its CPUs; the GPUs per node (each rank takes cuda:LOCAL_RANK)
+        or one per task (each rank sees one device and takes cuda:0). ``whole_node``: one task
+        per node given all of it (the pre-flight)."""
+        cpus = self.cpus_per_task * (self.ranks_per_node if whole_node else 1)
+        args = [f"--cpus-per-task={cpus}", f"--mem={self.mem}"]
+        if self.gpu_bind == "task" and not whole_node:
+            args.append(f"--gpus-per-task={self._gpus(1)}")
+        elif self.gpus_per_node:
+            # all of the node's: a DataParallel rank drives them all, and the node is ours
+            args.append(f"--gpus-per-node={self._gpus(self.gpus_per_node)}")
+        return args
+
+    def tres(self) -> str:
+        """The request in Slurm's TRES words, per node, for the record and the header."""
+        gres = ""
+        if self.gpus_per_node:
+            gres = f",gres/gpu{':' + self.gpu_type if self.gpu_type else ''}={self.gpus_per_node}"
+        return (
+            f"cpu={self.cpus_per_task * self.ranks_per_node},mem={self.mem}{gres} per node; "
+            f"{self.ranks_per_node} task(s) x {self.cpus_per_task} cpu"
+            f"{', 1 gpu per task' if self.gpu_bind == 'task' else ''}"
+            f"{', exclusive' if self.exclusive else ', shared'}"
+        )
 
 
 def missing_commands() -> list[str]:
@@ -202,14 +277,27 @@ def nccl_transport(output: str) -> str | None:
 class Allocation:
     """One allocation held for a session: acquired with a deadline, released on every exit."""
 
-    def __init__(self, options: SlurmOptions, nodes: int, name: str, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        options: SlurmOptions,
+        nodes: int,
+        name: str,
+        say: Callable[[str], None],
+        resources: Resources | None = None,
+        exclude: tuple[str, ...] = (),
+    ) -> None:
         self.options = options
         self.nodes = nodes
         self.name = name
         self.say = say
+        self.resources = resources or options.resources("cpu", NodeFacts(1, None, nodes))
+        self.exclude = exclude  # nodes a lost allocation left behind as failed
         self.job_id: str | None = None
         self.nodelist: tuple[str, ...] = ()
+        self.addrs: dict[str, str] = {}  # node -> its NodeAddr
         self.head_addr = ""
+        self.acquired_at = 0.0  # time.monotonic() when granted, for the node-minutes held
+        self.held_s = 0.0  # node-seconds held by released allocations of this object
         self._steps = 0
 
     # -- holding the nodes ---------------------------------------------------------------------
@@ -223,11 +311,14 @@ class Allocation:
             f"--ntasks-per-node={opts.ranks_per_node}",
             f"--job-name={self.name}",
             f"--time={opts.time_min}",
+            *self.resources.salloc_args()[1:],  # (--ntasks-per-node is above)
         ]
         if opts.partition:
             cmd.append(f"--partition={opts.partition}")
         if opts.account:
             cmd.append(f"--account={opts.account}")
+        if self.exclude:
+            cmd.append(f"--exclude={','.join(self.exclude)}")
         return cmd + list(opts.extra_args)
 
     def acquire(self) -> None:
@@ -297,18 +388,39 @@ class Allocation:
         assert self.job_id is not None
         info = _show("job", self.job_id)
         self.nodelist = tuple(hostnames(info.get("NodeList", "")))
-        head = _show("node", self.nodelist[0]) if self.nodelist else {}
-        self.head_addr = head.get("NodeAddr") or (self.nodelist[0] if self.nodelist else "")
+        self.addrs = {node: _show("node", node).get("NodeAddr") or node for node in self.nodelist}
+        self.head_addr = self.addrs[self.nodelist[0]] if self.nodelist else ""
+        self.acquired_at = time.monotonic()
         self.say(
             f"Slurm allocation {self.job_id}: {len(self.nodelist)} node(s) {','.join(self.nodelist)}, "
-            f"{self.options.ranks_per_node} rank(s) per node"
+            f"{self.resources.tres()}" + (f"; excluding {','.join(self.exclude)}" if self.exclude else "")
         )
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether the allocation still runs, and Slurm's word on it (its state and reason)."""
+        if self.job_id is None:
+            return False, "released"
+        info = _show("job", self.job_id)
+        state = info.get("JobState", "")
+        if not info:
+            return False, "no longer known to Slurm"
+        return state == "RUNNING", f"{state} ({info.get('Reason', 'None')})"
+
+    def failed_nodes(self) -> tuple[str, ...]:
+        """Nodes of this allocation that Slurm now calls down, drained or failing."""
+        bad = []
+        for node in self.nodelist:
+            state = _show("node", node).get("State", "")
+            if any(word in state for word in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
+                bad.append(node)
+        return tuple(bad)
 
     def release(self) -> None:
         """Cancel the allocation (and any step on it) and wait until squeue no longer lists it."""
         if self.job_id is None:
             return
         job, self.job_id = self.job_id, None
+        self.held_s += (time.monotonic() - self.acquired_at) * len(self.nodelist)
         _run(["scancel", job])
         deadline = time.monotonic() + RELEASE_DEADLINE_S
         while time.monotonic() < deadline:
@@ -328,13 +440,15 @@ class Allocation:
         env: Mapping[str, str],
         timeout_s: float,
         log: Path,
+        per_node: int | None = None,
     ) -> StepOutcome:
         """Run ``argv`` as one job step of ``ntasks`` tasks over ``nodes`` nodes, with a
         deadline; Ctrl-C (or any exception) interrupts srun, which cancels the step."""
         if self.job_id is None:
             raise SlurmError("the session's Slurm allocation is gone (released, or it ended)")
         self._steps += 1
-        per_node = -(-ntasks // nodes)
+        per_node_given = per_node is not None
+        per_node = per_node or -(-ntasks // nodes)
         # the step's time limit: Slurm ends it even if this session dies
         # (a minute more than ours, rounded up: Slurm checks limits about once a minute)
         limit_min = max(1, int(-(-(timeout_s + STEP_GRACE_S) // 60))) + 1
@@ -351,6 +465,8 @@ class Allocation:
             f"--time={limit_min}",
             f"--job-name={self.name}",
             "--quit-on-interrupt",
+            *self.resources.step_args(whole_node=per_node_given),
+            *self.options.srun_args,  # the site's launch: containers, --mpi, a reservation
             *argv,
         ]
         started = time.monotonic()
@@ -426,53 +542,210 @@ def _kill_group(proc: subprocess.Popen[Any]) -> None:
             continue
 
 
+class InfrastructureError(CaseFailedError):
+    """The cluster, not the case: the session's allocation was lost (preempted, a node failed,
+    cancelled from outside) and no new one ran the case. Reported apart from REGRESSED and from
+    a failed case, and the session exits ``EXIT_INFRASTRUCTURE`` when nothing worse happened."""
+
+    infra = True
+
+
+# sysexits' EX_TEMPFAIL, "try again later": a night the cluster lost, not one the product failed
+EXIT_INFRASTRUCTURE = 75
+# how a step can end when its allocation went away under it (``scontrol``'s JobState words too)
+LOST = frozenset({"PREEMPTED", "NODE_FAIL", "ALLOCATION_ENDED", "CANCELLED", "BOOT_FAIL", "REVOKED"})
+# the rendezvous port: below Linux's ephemeral range (32768-60999), so no outgoing connection
+# of the node holds it by chance; a port taken anyway is retried once with another
+PORTS = (20000, 32767)
+PREFLIGHT_TIMEOUT_S = 180.0
+
+
 class SlurmRunner:
     """The session's run function on a cluster: ``(spec, run_dir, timeout_s) -> RunRecord``,
-    raising ``protocol.CaseFailedError`` for a run that did not finish on every rank."""
+    raising ``protocol.CaseFailedError`` for a run that did not finish on every rank, and
+    ``InfrastructureError`` for one the cluster took away (after one new allocation)."""
 
-    def __init__(self, allocation: Allocation, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        allocation: Allocation,
+        python: str | None = None,
+        preflight_dir: Path | None = None,
+        device: str = "cpu",
+    ) -> None:
         self.allocation = allocation
-        self.python = python
+        self.python = python or allocation.options.python or sys.executable
         self.skip_pending = allocation.options.skip_pending
+        self.preflight_dir = preflight_dir  # None: no pre-flight (a session that asked for none)
+        self.device = device
         self.not_started: str | None = None
+        self.lost: str | None = None  # the allocation was lost and no new one could be had
+        self.retries_left = allocation.options.retries
+        self.preflight: Any = None  # preflight.Preflight of the current allocation
+        self.released_held_s = 0.0  # node-seconds of allocations given up after a loss
+        self.used_s = 0.0  # node-seconds the steps ran for
+
+    # -- the allocation ------------------------------------------------------------------------
+
+    def ensure_allocation(self, case_id: str) -> None:
+        """The allocation, acquired and pre-flighted once; NotStarted when it cannot be had."""
+        if self.not_started is not None:  # the queue never gave us the nodes: said once, per case
+            raise NotStarted(case_id, None, self.not_started, skip=self.skip_pending)
+        if self.lost is not None:
+            raise InfrastructureError(case_id, None, self.lost)
+        if self.allocation.job_id is not None:
+            return
+        try:
+            self.allocation.acquire()
+            self.run_preflight()
+        except SlurmError as exc:
+            self.allocation.release()
+            self.not_started = str(exc)
+            raise NotStarted(case_id, None, str(exc), skip=self.skip_pending) from None
+
+    def run_preflight(self) -> None:
+        """One task per node of the allocation reports what it sees; mixed or broken nodes
+        refuse the allocation (``SlurmError``), a slow or busy node is said."""
+        if self.preflight_dir is None:
+            return
+        from scaleguard.schedule import preflight
+
+        alloc = self.allocation
+        out = self.preflight_dir / f"preflight-{alloc.job_id}"
+        out.mkdir(parents=True, exist_ok=True)
+        nodes = len(alloc.nodelist)
+        argv = [self.python, "-m", "scaleguard.schedule.preflight", "--out", str(out)]
+        outcome = alloc.step(
+            argv, nodes, nodes, self._env(None), PREFLIGHT_TIMEOUT_S, out / "srun.log", per_node=1
+        )
+        if outcome.returncode != 0 or outcome.state != "COMPLETED":
+            task = first_task_error(outcome.output)
+            raise SlurmError(
+                f"pre-flight step {outcome.step_id} on {','.join(alloc.nodelist)} ended {outcome.state} "
+                f"(srun exit {outcome.returncode}){': ' + inert(task) if task else ''}: "
+                + inert(" | ".join(outcome.tail().splitlines()[-5:]))[:1500]
+            )
+        gres = allocated_gres(alloc.job_id or "")
+        reports = []
+        for node in alloc.nodelist:
+            path = out / f"{node}.json"
+            try:
+                data = read_document(path, "pre-flight report", "a scaleguard bug")
+                reports.append(preflight.NodeReport.from_dict(data, gres.get(node), str(path)))
+            except FileFormatError as exc:
+                raise SlurmError(
+                    f"pre-flight: {node}'s report did not reach this node ({exc}): "
+                    f"{self.preflight_dir} must be a directory every node and this one share "
+                    "(--perf-slurm-dir)"
+                ) from None
+        try:
+            self.preflight = preflight.check(reports, self.device, alloc.resources.gpus_per_node)
+        except preflight.PreflightError as exc:
+            raise SlurmError(f"pre-flight of allocation {alloc.job_id} refused it: {exc}") from None
+        for line in self.preflight.lines():
+            alloc.say(line)
+
+    def _renew(self, case_id: str, why: str) -> None:
+        """The allocation was lost under a run: give it up, ask once more without its failed
+        nodes, or say that the cluster took the night (``InfrastructureError``)."""
+        old = self.allocation
+        failed = old.failed_nodes()
+        job = old.job_id
+        old.release()
+        self.released_held_s += old.held_s
+        old.held_s = 0.0
+        if self.retries_left <= 0:
+            self.lost = f"Slurm allocation {job} was lost ({why}) and no retry is left (--perf-slurm-retries)"
+            raise InfrastructureError(case_id, None, self.lost)
+        self.retries_left -= 1
+        exclude = tuple(dict.fromkeys((*old.exclude, *failed)))
+        old.say(
+            f"Slurm allocation {job} lost under {case_id} ({why}); asking for a new one"
+            + (f" without {','.join(failed)}" if failed else "")
+            + "; the run is measured again there"
+        )
+        self.allocation = Allocation(old.options, old.nodes, old.name, old.say, old.resources, exclude)
+        try:
+            self.allocation.acquire()
+            self.run_preflight()
+        except SlurmError as exc:
+            self.allocation.release()
+            self.lost = f"Slurm allocation {job} was lost ({why}); the new one failed: {exc}"
+            raise InfrastructureError(case_id, None, self.lost) from None
+
+    @property
+    def node_seconds_held(self) -> float:
+        alloc = self.allocation
+        live = (time.monotonic() - alloc.acquired_at) * len(alloc.nodelist) if alloc.job_id else 0.0
+        return self.released_held_s + alloc.held_s + live
+
+    # -- one run ---------------------------------------------------------------------------------
+
+    def _env(self, interpreter: Interpreter | None) -> dict[str, str]:
+        env = {**os.environ, **dict(self.allocation.options.export)}
+        env.update(dict(interpreter.env) if interpreter else {})
+        iface = self.allocation.options.iface
+        if iface:
+            env.update(NCCL_SOCKET_IFNAME=iface, GLOO_SOCKET_IFNAME=iface)
+        return env
 
     def __call__(
         self, spec: CaseSpec, run_dir: Path, timeout_s: float, interpreter: Interpreter | None = None
     ) -> RunRecord:
         """One run as one job step; ``interpreter``: side A or B of ``scaleguard ab`` (same nodes)."""
-        alloc = self.allocation
-        if self.not_started is not None:  # the queue never gave us the nodes: said once, per case
-            raise NotStarted(spec.case_id, None, self.not_started, skip=self.skip_pending)
-        if alloc.job_id is None:
-            try:
-                alloc.acquire()
-            except SlurmError as exc:
-                self.not_started = str(exc)
-                raise NotStarted(spec.case_id, None, str(exc), skip=self.skip_pending) from None
+        self.ensure_allocation(spec.case_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         spec_path = run_dir / "case.json"
         atomic_write_json(spec_path, spec.to_dict())
         nodes = spec.settings.nodes
-        env = {**os.environ, **dict(interpreter.env if interpreter else ())}
         python = interpreter.python if interpreter else self.python
-        env.update(
-            MASTER_ADDR=alloc.head_addr if nodes > 1 else "127.0.0.1",
-            MASTER_PORT=str(random.randint(20000, 59999)),
-            SCALEGUARD_RUN_ID=f"slurm-{alloc.job_id}-{run_dir.name}",
-        )
-        if spec.device == "cuda" and "NCCL_DEBUG" not in env:
-            # the transport NCCL picked between nodes (IB, Socket) goes into the run's record
-            env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
         argv = [python, "-m", "scaleguard.schedule.torchrun_entry", "--spec", str(spec_path),
                 "--out", str(run_dir)]  # fmt: skip
-        try:
-            outcome = alloc.step(argv, nodes, spec.nprocs, env, timeout_s, run_dir / "srun.log")
-        except SlurmError as exc:
-            raise CaseFailedError(spec.case_id, None, str(exc)) from None
-        if outcome.returncode != 0 or outcome.state != "COMPLETED":
+        port_retried = False
+        while True:
+            alloc = self.allocation
+            env = self._env(interpreter)
+            env.update(
+                MASTER_ADDR=alloc.head_addr if nodes > 1 else "127.0.0.1",
+                MASTER_PORT=str(random.randint(*PORTS)),
+                SCALEGUARD_RUN_ID=f"slurm-{alloc.job_id}-{run_dir.name}",
+            )
+            if spec.device == "cuda" and "NCCL_DEBUG" not in env:
+                # the transport NCCL picked between nodes (IB, Socket) goes into the run's record
+                env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
+            try:
+                outcome = alloc.step(argv, nodes, spec.nprocs, env, timeout_s, run_dir / "srun.log")
+            except SlurmError as exc:
+                raise CaseFailedError(spec.case_id, None, str(exc)) from None
+            self.used_s += outcome.wall_s * nodes
+            if outcome.returncode == 0 and outcome.state == "COMPLETED":
+                return self._record(spec, run_dir, outcome, nodes)
+            lost = None if outcome.timed_out else self._lost(outcome)
+            if lost is not None:
+                self._renew(spec.case_id, lost)
+                continue
+            if not port_retried and _port_taken(outcome.output):
+                port_retried = True
+                port = env["MASTER_PORT"]
+                alloc.say(f"{spec.case_id}: rendezvous port {port} was taken; the run goes again on another")
+                continue
             raise self._failure(spec, run_dir, outcome, timeout_s)
+
+    def _lost(self, outcome: StepOutcome) -> str | None:
+        """Why the allocation is gone (its state and Slurm's reason), or None while it runs."""
+        alive, said = self.allocation.alive()
+        if alive:
+            return None
+        state = said.split(" ")[0]
+        if state == "TIMEOUT":  # the user's --perf-slurm-time: a new allocation would meet it again
+            return None
+        if state in LOST or outcome.state in LOST or said.startswith("no longer"):
+            return f"step {outcome.step_id} {outcome.state}, allocation {said}"
+        return None
+
+    def _record(self, spec: CaseSpec, run_dir: Path, outcome: StepOutcome, nodes: int) -> RunRecord:
         from scaleguard.schedule.torchrun_entry import read_finished_record, record_path
 
+        alloc = self.allocation
         try:
             _, result = read_finished_record(record_path(run_dir, spec.case_id))
         except FileFormatError as exc:
@@ -485,6 +758,7 @@ class SlurmRunner:
             "ranks_per_node": -(-spec.nprocs // nodes),
             "partition": alloc.options.partition,
             "nccl_net": nccl_transport(outcome.output),
+            "tres": alloc.resources.tres(),
         }
         measured = sum(result.step_s)
         return replace(
@@ -529,6 +803,25 @@ class SlurmRunner:
         )
 
 
+def _port_taken(output: str) -> bool:
+    """The rendezvous failed because its port was in use (the store could not bind)."""
+    return "EADDRINUSE" in output or "ddress already in use" in output
+
+
+def allocated_gres(job_id: str) -> dict[str, str]:
+    """The GRES Slurm gave the job on each node (``scontrol show job -d``: "gpu:h100:8(IDX:0-7)")."""
+    done = _run(["scontrol", "show", "job", "-d", job_id])
+    out: dict[str, str] = {}
+    if done.returncode != 0:
+        return out
+    for line in done.stdout.splitlines():
+        match = re.search(r"Nodes=(\S+) .*?GRES=(\S+)", line)
+        if match and match.group(2) not in ("", "(null)"):
+            for node in hostnames(match.group(1)):
+                out[node] = match.group(2)
+    return out
+
+
 def first_failure(ranks_dir: Path, nprocs: int) -> RankFailure | None:
     """The earliest error any rank wrote (the root cause; its peers' errors follow from it)."""
     found: list[RankFailure] = []
@@ -568,11 +861,15 @@ def node_facts(options: SlurmOptions) -> NodeFacts:
         said = (done.stderr or done.stdout).strip()[:300]
         raise SlurmError(f"sinfo lists no node in {where}{': ' + said if said else ''}")
     cpus = min(int(r[0]) for r in rows if r[0].isdigit()) if any(r[0].isdigit() for r in rows) else 1
-    gpu = None
+    # every GPU type the partition lists ("gpu:h100:8", an untyped "gpu:8", several per node);
+    # one type names the nodes, several name none (the pre-flight reads what was allocated)
+    types: set[str] = set()
     for row in rows:
-        match = re.match(r"gpu:([A-Za-z0-9_.-]+):\d+", row[1])
-        if match:
-            gpu = match.group(1)
+        for match in re.finditer(r"gpu(?::([A-Za-z][A-Za-z0-9_.-]*))?:(\d+)", row[1]):
+            types.add(match.group(1) or "gpu")
+    if options.gpu_type:
+        types &= {options.gpu_type}
+    gpu = next(iter(types)) if len(types) == 1 else ("mixed" if types else None)
     up = len({r[2] for r in rows if not r[3].startswith(("down", "drain", "fail"))})
     return NodeFacts(cpus, gpu, up)
 
@@ -586,7 +883,7 @@ def plan_on_cluster(matrix: Any, options: SlurmOptions, facts: NodeFacts) -> lis
     rpn, max_nodes = options.ranks_per_node, max(options.nodes)
     device = matrix.device if matrix.device != "auto" else ("cuda" if facts.gpu_type else "cpu")
     world_sizes = matrix.world_sizes or tuple(sorted({1, *(rpn * n for n in options.nodes)}))
-    threads = matrix.threads_per_rank or max(1, facts.cpus // rpn)
+    threads = matrix.threads_per_rank or options.cpus_per_task or max(1, facts.cpus // rpn)
     gpus = (
         GpuInventory(rpn * max_nodes, (facts.gpu_type or "gpu",) * (rpn * max_nodes))
         if device == "cuda"
@@ -617,11 +914,12 @@ def plan_on_cluster(matrix: Any, options: SlurmOptions, facts: NodeFacts) -> lis
 
 
 def cluster_hardware_key(
-    device: str, facts: NodeFacts, options: SlurmOptions, cpu_model: str, threads: int
+    device: str, gpu_name: str | None, options: SlurmOptions, cpu_model: str, threads: int
 ) -> str:
     """``slurm-<the per-node key>-<ranks per node>pn``: a cluster's baseline is never a single
-    machine's, and the node count is in each case's configuration (``nodes``)."""
+    machine's, and the node count is in each case's configuration (``nodes``). ``gpu_name`` and
+    ``cpu_model`` are the compute nodes' (the pre-flight's), never the login node's."""
     from scaleguard.evidence.baseline import hardware_key
 
     rpn = options.ranks_per_node
-    return f"slurm-{hardware_key(device, facts.gpu_type, rpn, cpu_model, threads)}-{rpn}pn"
+    return f"slurm-{hardware_key(device, gpu_name, rpn, cpu_model, threads)}-{rpn}pn"
