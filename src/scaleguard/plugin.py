@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Callable, Generator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -15,6 +15,9 @@ from scaleguard.case import CaseSpec
 from scaleguard.config import ConfigError, PerfConfig
 from scaleguard.evidence.verdict import Status
 from scaleguard.suite import Suite
+
+if TYPE_CHECKING:
+    from scaleguard.schedule.matrix import PlannedCase
 
 
 def read_config(config: pytest.Config) -> PerfConfig:
@@ -149,7 +152,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     with usage_errors():
         planned_cases = state.planned()
     model_order = {m: i for i, m in reversed(list(enumerate(p.spec.model for p in planned_cases)))}
-    for planned in sorted(planned_cases, key=lambda p: (model_order[p.spec.model], p.spec.nprocs)):
+
+    def order(p: PlannedCase) -> tuple[int, ...]:
+        if state.config.slurm is not None:
+            # on a cluster, each run is a job step (no pools): the world-size-1 references
+            # first, then the most nodes first, so the allocation gives nodes back as the
+            # node count falls (Suite.case_done)
+            return (p.spec.world_size != 1, -p.spec.settings.nodes, model_order[p.spec.model], p.spec.nprocs)
+        return (model_order[p.spec.model], p.spec.nprocs)
+
+    for planned in sorted(planned_cases, key=order):
         reason = serial_reason or planned.skip_reason
         marks = [pytest.mark.perf] + ([pytest.mark.skip(reason=reason)] if reason else [])
         if metafunc.config.pluginmanager.hasplugin("timeout"):
@@ -241,6 +253,12 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
     from scaleguard.ranks.protocol import CaseFailedError
 
     def run(spec: CaseSpec) -> Any:
+        try:
+            return measure(spec)
+        finally:
+            request.config.stash[STATE].case_done(spec)
+
+    def measure(spec: CaseSpec) -> Any:
         ab_session = request.config.stash[STATE].ab_session()
         if ab_session is not None:
             try:

@@ -320,6 +320,16 @@ class Suite:
             )
         return self._slurm_runner
 
+    def case_done(self, spec: CaseSpec) -> None:
+        """A case's test is over (its confirm runs too): on a cluster, the nodes that no case
+        left needs go back to Slurm."""
+        runner = self._slurm_runner
+        if runner is None or self.ab is not None or spec not in self.selected:
+            return
+        left = self.selected[self.selected.index(spec) + 1 :]
+        if left:
+            runner.allocation.shrink(max(s.settings.nodes for s in left))
+
     def slurm_used(self) -> str | None:
         """How well the session used what it held: node-minutes held against node-minutes in
         the runs' steps (None off a cluster, or before an allocation was held)."""

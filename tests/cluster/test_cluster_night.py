@@ -174,3 +174,39 @@ def test_a_night_the_cluster_lost_is_an_infrastructure_outcome_with_its_own_exit
     assert "no retry is left (--perf-slurm-retries)" in text
     assert "REGRESSED" not in text and " failed" not in text.splitlines()[-1]
     assert not queue()
+
+
+def test_the_nightly_wrappers_time_limit_releases_the_sessions_allocation(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
+) -> None:
+    """tools/nightly_slurm.sbatch as a site submits it, with a one-minute limit and the signal
+    30 s before it: the session's hung step and its allocation are released, not left held."""
+    wrapper = Path(__file__).resolve().parents[2] / "tools" / "nightly_slurm.sbatch"
+    perf = suite.path / "perf"
+    perf.mkdir()
+    (suite.path / "test_train_step.py").rename(perf / "test_train_step.py")
+    log = tmp_path / "nightly.log"
+    args = cluster_args(suite.path, tmp_path / "shared", "-k", "ws2")
+    done = subprocess.run(
+        ["sbatch", "--parsable", "--time=1", "--signal=B:TERM@30", f"--output={log}", "--partition=debug",
+         str(wrapper), *args],
+        cwd=suite.path, env={**os.environ, FAULT_ENV: "hang,rank=0,phase=measure,step=1"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wrapper_job = done.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        state = subprocess.run(
+            ["squeue", "-h", "-j", wrapper_job, "-o", "%T"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        if not state:
+            break
+        time.sleep(2)
+    text = log.read_text(errors="replace")
+    assert "SIGTERM: the session releases its Slurm allocation and stops" in text, text[-3000:]
+    assert "Slurm allocation" in text
+    assert not queue()
+    deadline = time.monotonic() + 30
+    while tagged_pids(process_tag) and time.monotonic() < deadline:
+        time.sleep(0.5)

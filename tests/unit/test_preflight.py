@@ -12,7 +12,7 @@ from scaleguard.schedule import preflight
 
 def report(node: str, **changes: Any) -> preflight.NodeReport:
     data: dict[str, Any] = {
-        "node": node, "python_version": "3.11.7", "scaleguard": "0.1.0", "torch": "2.11.0",
+        "node": node, "hostname": f"host-{node}", "python_version": "3.11.7", "scaleguard": "0.1.0", "torch": "2.11.0",
         "cpu_model": "Intel Xeon 8480", "placement": {"cuda_visible_devices": "0,1,2,3,4,5,6,7", "cpus": "0-95"},
         "gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{node}-{i}"} for i in range(8)],
         "foreign_cores": 0.01, "machine": {"score": 1.0},
@@ -89,3 +89,11 @@ def test_a_ranks_placement_is_what_slurm_gave_its_task() -> None:
     assert facts["node"] == "n2" and facts["cuda_visible_devices"] == "1" and facts["cpus_per_task"] == "12"
     assert (facts["job"], facts["step"]) == ("7", "3")
     assert "mem_per_cpu_mb" not in facts
+
+
+def test_nodes_of_one_host_are_not_called_slow_for_probing_side_by_side() -> None:
+    same = [report(n, hostname="vm", machine={"score": s}) for n, s in (("n1", 0.9), ("n2", 0.5))]
+    checked = preflight.check(same, "cuda", 8)
+    assert checked.one_host and "2 nodes share 1 host(s) (vm)" in checked.warnings[0]
+    assert not any("is slow" in w for w in checked.warnings)
+    assert checked.slowest_machine() == {"score": 0.9}

@@ -134,6 +134,7 @@ class PreflightError(RuntimeError):
 @dataclass(frozen=True)
 class NodeReport:
     node: str
+    hostname: str  # several Slurm nodes on one host (a test cluster) probe side by side
     python_version: str
     scaleguard: str
     torch: str | None
@@ -174,6 +175,7 @@ class NodeReport:
         foreign = data.get("foreign_cores")
         return cls(
             node=f.string("node"),
+            hostname=str(data.get("hostname") or "")[:200],
             python_version=f.string("python_version"),
             scaleguard=f.string("scaleguard"),
             torch=f.text("torch", optional=True),
@@ -199,6 +201,11 @@ class Preflight:
     warnings: tuple[str, ...]
 
     @property
+    def one_host(self) -> bool:
+        """Several nodes are one machine (slurmd -N on one host): their probes competed."""
+        return len({r.hostname for r in self.reports}) < len(self.reports)
+
+    @property
     def cpu_model(self) -> str:
         return self.reports[0].cpu_model
 
@@ -216,7 +223,11 @@ class Preflight:
     def slowest_machine(self) -> dict[str, Any]:
         """The slowest node's probe: a step over several nodes runs at its slowest node's pace."""
         scored = [r for r in self.reports if r.score is not None]
-        return dict(min(scored, key=lambda r: r.score or 0.0).machine) if scored else {}
+        if not scored:
+            return {}
+        # nodes of one host probed side by side: the best reading is the host's own
+        pick = max if self.one_host else min
+        return dict(pick(scored, key=lambda r: r.score or 0.0).machine)
 
     def lines(self) -> list[str]:
         """What the header says of the nodes: one line per kind, then each warning."""
@@ -283,7 +294,13 @@ def check(reports: Sequence[NodeReport], device: str, gpus_per_node: int) -> Pre
         differ("CPU models", lambda r: r.cpu_model)
     warnings = []
     scores = [r.score for r in reports if r.score is not None]
-    if len(scores) > 1:
+    hosts = {r.hostname for r in reports}
+    if len(hosts) < len(reports):
+        warnings.append(
+            f"pre-flight: {len(reports)} nodes share {len(hosts)} host(s) ({', '.join(sorted(hosts))}): "
+            "their machine-speed probes ran side by side and are not compared"
+        )
+    elif len(scores) > 1:
         for r in reports:
             others = [s for other in reports if other is not r and (s := other.score) is not None]
             if r.score is not None and others and r.score < SLOW_NODE * statistics.median(others):

@@ -297,8 +297,9 @@ class Allocation:
         self.addrs: dict[str, str] = {}  # node -> its NodeAddr
         self.head_addr = ""
         self.acquired_at = 0.0  # time.monotonic() when granted, for the node-minutes held
-        self.held_s = 0.0  # node-seconds held by released allocations of this object
+        self.held_s = 0.0  # node-seconds held before acquired_at (released, or given back)
         self._steps = 0
+        self._no_shrink = False  # Slurm refused to give nodes back once: not asked again
 
     # -- holding the nodes ---------------------------------------------------------------------
 
@@ -394,6 +395,41 @@ class Allocation:
         self.say(
             f"Slurm allocation {self.job_id}: {len(self.nodelist)} node(s) {','.join(self.nodelist)}, "
             f"{self.resources.tres()}" + (f"; excluding {','.join(self.exclude)}" if self.exclude else "")
+        )
+
+    def shrink(self, nodes: int) -> None:
+        """Give back every node past the first ``nodes`` (``scontrol update JobId NodeList``):
+        the cases left need no more, and a held idle node is a node another team waits for.
+        Slurm may refuse for a moment ("the DB index is being set"), or for good where no
+        accounting runs: a refusal costs node-minutes, never the session."""
+        if self.job_id is None or self._no_shrink or not 1 <= nodes < len(self.nodelist):
+            return
+        keep = self.nodelist[:nodes]
+        deadline = time.monotonic() + SHRINK_DEADLINE_S
+        said = ""
+        now = self.nodelist
+        while time.monotonic() < deadline:
+            done = _run(["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"])
+            said = (done.stderr or done.stdout).strip()
+            now = tuple(hostnames(_show("job", self.job_id).get("NodeList", ""))) or now
+            if len(now) <= nodes:
+                break
+            time.sleep(1.0)
+        if len(now) > nodes:
+            self._no_shrink = True
+            self.say(
+                f"Slurm allocation {self.job_id}: could not give back {','.join(self.nodelist[nodes:])} "
+                f"({inert(said[:200]) or 'no reason given'}); they stay held until the session ends"
+            )
+            return
+        released = [n for n in self.nodelist if n not in now]
+        clock = time.monotonic()
+        self.held_s += (clock - self.acquired_at) * len(self.nodelist)
+        self.acquired_at = clock
+        self.nodelist, self.nodes = now, len(now)
+        self.say(
+            f"Slurm allocation {self.job_id}: gave back {','.join(released)} (the cases left need "
+            f"{nodes} node(s))"
         )
 
     def alive(self) -> tuple[bool, str]:
@@ -558,6 +594,7 @@ LOST = frozenset({"PREEMPTED", "NODE_FAIL", "ALLOCATION_ENDED", "CANCELLED", "BO
 # of the node holds it by chance; a port taken anyway is retried once with another
 PORTS = (20000, 32767)
 PREFLIGHT_TIMEOUT_S = 180.0
+SHRINK_DEADLINE_S = 10.0
 
 
 class SlurmRunner:
