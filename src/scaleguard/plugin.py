@@ -92,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
             state.ab_sides()  # so is a missing or torch-less B interpreter
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
-    if perf_config.slurm is not None:
+    if perf_config.slurm is not None:  # (the backend is made lazily; its kind is known now)
         _release_on_signals()
 
 
@@ -154,7 +154,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     model_order = {m: i for i, m in reversed(list(enumerate(p.spec.model for p in planned_cases)))}
 
     def order(p: PlannedCase) -> tuple[int, ...]:
-        if state.config.slurm is not None:
+        if state.backend.orders_by_nodes:
             # on a cluster, each run is a job step (no pools): the world-size-1 references
             # first, then the most nodes first, so the allocation gives nodes back as the
             # node count falls (Suite.case_done)
@@ -179,12 +179,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     items = [item for item in session.items if "perf_case" in getattr(item, "fixturenames", ())]
     if items:
         state = session.config.stash[STATE]
-        state.selected = tuple(
-            item.callspec.params["perf_case"]
-            for item in items
-            if hasattr(item, "callspec") and item.get_closest_marker("skip") is None
+        state.select(
+            tuple(
+                item.callspec.params["perf_case"]
+                for item in items
+                if hasattr(item, "callspec") and item.get_closest_marker("skip") is None
+            ),
+            bool(session.config.option.collectonly),
         )  # (a cluster's allocation holds as many nodes as these need)
-        state.collect_only = bool(session.config.option.collectonly)
         # a broken baseline file stops the run before any case is measured, as a usage error
         with usage_errors():
             state.baseline_context()
@@ -307,14 +309,12 @@ class _BenchmarkHooks:
         planned = self.state.planned() if self.state.planned_yet else []
         if not planned:
             return
-        from scaleguard.evidence.baseline import host_hardware_key
 
         spec = planned[0].spec
         host = host_fingerprint()
         threads = spec.settings.threads_per_rank
-        # on a cluster, the compute nodes' key (the login node ran nothing)
-        on_cluster = self.state.config.slurm is not None
-        key = self.state.hardware_key() if on_cluster else host_hardware_key(host, spec.device, threads)
+        # the backend's machines' key (on a cluster, the compute nodes': the login node ran nothing)
+        key = self.state.hardware_key()
         benchmark_io.update_machine_info(
             machine_info,
             host,
@@ -361,8 +361,9 @@ def pytest_terminal_summary(
 
     for line in report.time_lines(ledger, time.monotonic() - state.started if state else 0.0):
         terminalreporter.write_line(line)
-    if state is not None and state.slurm_used() is not None:
-        terminalreporter.write_line(state.slurm_used() or "")
+    used = state.backend.usage() if state is not None else None
+    if used:
+        terminalreporter.write_line(used)
     if state is not None and state.config.update_baselines:
         update = ledger.update_baselines(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
         for line in report.baseline_update_lines(update):
@@ -405,7 +406,6 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
 def _ab_files(state: Suite, session: Any) -> None:
     """The markdown, plot and saved sides asked for (the sides in pytest-benchmark format)."""
     from scaleguard.evidence import benchmark_io
-    from scaleguard.evidence.baseline import host_hardware_key
     from scaleguard.machine.env import host_fingerprint
     from scaleguard.report import terminal as report
 
@@ -426,7 +426,7 @@ def _ab_files(state: Suite, session: Any) -> None:
         # the same machine_info as a plain session's save: the hardware key makes the two
         # sides comparable by `scaleguard compare` (a file without one is refused)
         machine_info: dict[str, Any] = {}
-        key = host_hardware_key(host, spec.device, threads)
+        key = state.hardware_key()
         benchmark_io.update_machine_info(machine_info, host, spec.device, spec.profile, threads, key)
         for label in ("A", "B"):
             benchmark_io.write_saved_run(

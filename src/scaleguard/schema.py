@@ -9,9 +9,13 @@ History:
      (device name, runtime, settings, memory kind and per-rank peaks, steadiness, notes, the
      GPUs over the whole run), and a torchrun record is ``{spec, run}``; schema-2 runs read
      with those empty, and schema-2 torchrun records (the run's fields beside ``spec``) still read.
+  4: a run also holds, per rank, where it ran (``placement``: node, bound CPUs, threads, visible
+     devices and GPU UUID, the Slurm step's grant) and its step anatomy's categories
+     (``rank_ms``: every rank's compute and wait, so a straggler can be named); schema-3 runs
+     read with those empty.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)

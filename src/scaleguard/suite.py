@@ -7,9 +7,7 @@ problem the user can fix, which the plugin turns into a usage error.
 
 from __future__ import annotations
 
-import functools
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -24,12 +22,10 @@ if TYPE_CHECKING:
     from scaleguard.evidence.runs import CaseEvidence
     from scaleguard.evidence.verdict import Thresholds
     from scaleguard.machine.env import HostFingerprint
-    from scaleguard.ranks.launcher import Pools
     from scaleguard.schedule.ab import ABSession, Side
+    from scaleguard.schedule.backends import Backend
     from scaleguard.schedule.matrix import PlannedCase
-    from scaleguard.schedule.preflight import Preflight
     from scaleguard.schedule.session import PerfSession, Schedule
-    from scaleguard.schedule.slurm import NodeFacts, SlurmRunner
 
 
 class Suite:
@@ -44,39 +40,42 @@ class Suite:
         self.selected: tuple[CaseSpec, ...] = ()  # the perf cases this session runs, in order
         self.session: PerfSession | None = None
         self.ab: ABSession | None = None
-        self.pools: Pools | None = None
-        self.run_root: Path | None = None  # rank files of every run; removed at the end
+        self._backend: Backend | None = None
         self._planned: list[PlannedCase] | None = None
         self._baselines: BaselineContext | None = None
         self._host: HostFingerprint | None = None
         self._ab_sides: tuple[Side, Side] | None = None
-        self._node_facts: NodeFacts | None = None
-        self._slurm_runner: SlurmRunner | None = None
         self.session_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.collect_only = False  # pytest --collect-only: nothing is asked of a cluster
         self.infrastructure: dict[str, str] = {}  # case -> why the cluster could not run it
 
     # -- what runs ---------------------------------------------------------------------------
 
+    @property
+    def backend(self) -> Backend:
+        """Where the runs happen (this machine's rank pools, or a Slurm allocation), made once."""
+        if self._backend is None:
+            from scaleguard.schedule import backends
+
+            self._backend = backends.choose(
+                self.config.slurm, self.rootpath, self.config.isolate, self.foreign_limit(),
+                self.session_id, self.progress,
+            )  # fmt: skip
+        return self._backend
+
     def planned(self) -> list[PlannedCase]:
         if self._planned is None:
-            import os
-
-            from scaleguard.machine.env import gpu_inventory
-            from scaleguard.schedule.matrix import plan
-
             try:
-                if self.config.slurm is not None:
-                    from scaleguard.schedule import slurm
-
-                    self._planned = slurm.plan_on_cluster(
-                        self.config.matrix, self.config.slurm, self.node_facts()
-                    )
-                else:
-                    self._planned = plan(self.config.matrix, gpu_inventory(), os.cpu_count() or 1)
+                self._planned = self.backend.plan(self.config.matrix)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
         return self._planned
+
+    def select(self, selected: tuple[CaseSpec, ...], collect_only: bool) -> None:
+        """The cases this session runs, in their order (the backend holds what they need)."""
+        self.selected = selected
+        self.collect_only = collect_only
+        self.backend.select(selected, collect_only)
 
     @property
     def planned_yet(self) -> bool:
@@ -127,49 +126,10 @@ class Suite:
             self._host = host_fingerprint()
         return self._host
 
-    def node_facts(self) -> NodeFacts:
-        """On a cluster: what sinfo says of its nodes, read once."""
-        if self._node_facts is None:
-            from scaleguard.schedule import slurm
-
-            assert self.config.slurm is not None
-            try:
-                self._node_facts = slurm.node_facts(self.config.slurm)
-            except slurm.SlurmError as exc:
-                raise ConfigError(f"--perf-slurm: {exc}") from None
-        return self._node_facts
-
     def hardware_key(self) -> str:
         """The one derivation of this session's baseline key (the file name, and the key the
-        file must hold)."""
-        from scaleguard.evidence.baseline import host_hardware_key
-
-        spec = self.planned()[0].spec
-        if self.config.slurm is not None:
-            from scaleguard.schedule.slurm import cluster_hardware_key
-
-            checked = self.cluster_preflight()
-            if checked is not None:  # the compute nodes' own CPU and GPU
-                gpu, cpu = checked.gpu_name, checked.cpu_model
-            else:  # no allocation (it never started: every case says why): what sinfo says
-                gpu, cpu = self.node_facts().gpu_type, self.host().cpu_model
-            return cluster_hardware_key(
-                spec.device, gpu, self.config.slurm, cpu, spec.settings.threads_per_rank
-            )
-        return host_hardware_key(self.host(), spec.device, spec.settings.threads_per_rank)
-
-    def cluster_preflight(self) -> Preflight | None:
-        """The allocation's pre-flight, run once (the allocation is asked for here, before the
-        baseline is chosen: its key is the compute nodes'); None when it could not be had."""
-        runner = self.slurm_runner()
-        if runner.preflight is None and not self.collect_only and runner.not_started is None:
-            from scaleguard.ranks.protocol import CaseFailedError
-
-            try:
-                runner.ensure_allocation("(the session's allocation)")
-            except CaseFailedError:
-                pass  # every case says why, as its own failure (or skip)
-        return runner.preflight
+        file must hold): the backend's machines' (on a cluster, the compute nodes')."""
+        return self.backend.hardware_key(self.planned()[0].spec, self.host())
 
     # -- what it is judged against -----------------------------------------------------------
 
@@ -216,7 +176,7 @@ class Suite:
                 "cpu_model": host.cpu_model,
                 "threads_per_rank": spec.settings.threads_per_rank,
                 "backend": "nccl" if spec.device == "cuda" else "gloo",
-                **self._cluster_hardware(),
+                **self.backend.hardware_facts(),
             },
             torch_pick=config.baseline_torch,
             thresholds=self.thresholds(),
@@ -228,119 +188,38 @@ class Suite:
         )
         return self._baselines
 
-    def _cluster_hardware(self) -> dict[str, object]:
-        """On a cluster, what the key does not say: the scheduler, the partition, ranks per
-        node, the node counts asked for (each run keeps its own nodes and NCCL's transport)."""
-        if self.config.slurm is None:
-            return {}
-        facts = self.node_facts()
-        return {
-            "scheduler": "slurm",
-            **self.config.slurm.to_dict(),
-            "cpus_per_node": facts.cpus,
-            "gpu_type": facts.gpu_type,
-        }
-
     # -- the schedulers ----------------------------------------------------------------------
 
     def perf_session(self) -> PerfSession:
-        """The session's scheduler and ledger, made by the first perf case; the machine probe
-        runs before it, so every run of the session carries how fast this machine is."""
+        """The session's scheduler and ledger, made by the first perf case; the backend's
+        machines are held and probed before it, so every run carries how fast they are."""
         if self.session is None:
             from scaleguard.evidence.ledger import Ledger
-            from scaleguard.machine import foreign_load
-            from scaleguard.machine.probe import run_probe
-            from scaleguard.ranks.launcher import Pools
-            from scaleguard.report.terminal import machine_line
-            from scaleguard.schedule import runner
             from scaleguard.schedule.session import PerfSession
 
-            limit = self.foreign_limit()
-
-            def wait_quiet(seconds: float) -> None:
-                if limit is not None:
-                    foreign_load.wait_quiet(limit, seconds)
-
-            session_id = self.session_id
-            if self.config.slurm is not None:
-                # the runs are steps of one allocation; the rank files go where every node sees
-                # them. The machine probe and the foreign-load check ran on every node in the
-                # pre-flight: the session's probe is the slowest node's (it paces the steps)
-                self.session = PerfSession(
-                    Ledger(session_id, self.baseline_context()),
-                    self.slurm_dir() / session_id,
-                    self.timeout_s(),
-                    self.schedule(),
-                    run=self.slurm_runner(),
-                    on_run=self.progress,
-                )
-                checked = self.cluster_preflight()
-                if checked is not None and checked.slowest_machine():
-                    self.session.ledger.machine = checked.slowest_machine()
-                return self.session
-            self.run_root = Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
-            self.pools = Pools(self.run_root / "pools", isolate=self.config.isolate)
+            backend = self.backend
+            machine = backend.prepare(self.selected)
             self.session = PerfSession(
-                Ledger(session_id, self.baseline_context()),
-                self.run_root,
+                Ledger(self.session_id, self.baseline_context()),
+                backend.run_dir(self.session_id),
                 self.timeout_s(),
                 self.schedule(),
-                run=functools.partial(runner.run_once, foreign_limit_cores=limit, pools=self.pools),
+                run=backend.runner(),
                 on_run=self.progress,
-                wait_quiet=wait_quiet,
+                wait_quiet=backend.wait_quiet,
             )
-            speed = run_probe()
-            if speed is not None:
-                self.session.ledger.machine = speed.to_dict()
-            self.progress(machine_line(speed, self.baseline_context().file))
+            if machine:
+                self.session.ledger.machine = machine
+            line = backend.machine_line(self.baseline_context().file)
+            if line:
+                self.progress(line)
         return self.session
 
-    def slurm_dir(self) -> Path:
-        assert self.config.slurm is not None
-        return self.config.slurm.shared_dir or self.rootpath / ".scaleguard" / "slurm"
-
-    def slurm_runner(self) -> SlurmRunner:
-        """The session's one allocation (asked for before the first run) and its run function."""
-        if self._slurm_runner is None:
-            from scaleguard.schedule import slurm
-
-            assert self.config.slurm is not None
-            # as many nodes as the selected cases need (-k ws8 on a 1,2 plan holds one node)
-            runnable = {p.spec.case_id for p in self.planned() if p.skip_reason is None}
-            chosen = [s for s in self.selected if s.case_id in runnable] or [
-                p.spec for p in self.planned() if p.skip_reason is None
-            ]
-            nodes = max((s.settings.nodes for s in chosen), default=1)
-            resources = self.config.slurm.resources(self.device, self.node_facts())
-            allocation = slurm.Allocation(
-                self.config.slurm, nodes, f"scaleguard-{self.session_id}", self.progress, resources
-            )
-            self._slurm_runner = slurm.SlurmRunner(
-                allocation, preflight_dir=self.slurm_dir() / self.session_id, device=self.device
-            )
-        return self._slurm_runner
-
     def case_done(self, spec: CaseSpec) -> None:
-        """A case's test is over (its confirm runs too): on a cluster, the nodes that no case
-        left needs go back to Slurm."""
-        runner = self._slurm_runner
-        if runner is None or self.ab is not None or spec not in self.selected:
+        """A case's test is over (its confirm runs too): what no case left needs goes back."""
+        if self.ab is not None or spec not in self.selected:
             return
-        left = self.selected[self.selected.index(spec) + 1 :]
-        if left:
-            runner.allocation.shrink(max(s.settings.nodes for s in left))
-
-    def slurm_used(self) -> str | None:
-        """How well the session used what it held: node-minutes held against node-minutes in
-        the runs' steps (None off a cluster, or before an allocation was held)."""
-        runner = self._slurm_runner
-        if runner is None or runner.node_seconds_held <= 0:
-            return None
-        held, used = runner.node_seconds_held / 60, runner.used_s / 60
-        return (
-            f"scaleguard: Slurm node-minutes held {held:.1f}, in the runs' steps {used:.1f} "
-            f"({used / held:.0%}); the rest: the pre-flight, steps starting, judging between runs"
-        )
+        self.backend.case_done(self.selected[self.selected.index(spec) + 1 :])
 
     def ab_sides(self) -> tuple[Side, Side] | None:
         """The two probed sides of a paired A/B session; None when A/B is off."""
@@ -366,29 +245,18 @@ class Suite:
         if sides is None:
             return None
         if self.ab is None:
-            from scaleguard.schedule import ab, runner
+            from scaleguard.schedule import ab
 
             device = self.device
             settings = self.config.thresholds
-            if self.config.slurm is not None:
-                # both sides alternate on the same allocation: the same nodes for A and B; their
-                # files stay in the shared directory
-                base_dir = self.slurm_dir() / f"ab-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-            else:
-                self.run_root = self.run_root or Path(tempfile.mkdtemp(prefix="scaleguard-runs-"))
-                base_dir = self.run_root
             self.ab = ab.ABSession(
                 sides[0],
                 sides[1],
-                base_dir,
+                self.backend.run_dir(f"ab-{self.session_id}"),
                 self.timeout_s(),
                 lambda case_id: settings.for_case(case_id, device, paired=True),
                 ab.ABSchedule.for_device(device, self.config.ab_pairs),
-                run=(
-                    self.slurm_runner()
-                    if self.config.slurm is not None
-                    else functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit())
-                ),
+                run=self.backend.runner(paired=True),
                 on_run=self.progress,
             )
         return self.ab
@@ -440,11 +308,8 @@ class Suite:
         return f"scaleguard: history {path}: {added} runs appended"
 
     def close(self) -> None:
-        """The idle pool's ranks (also after Ctrl-C between cases), the Slurm allocation, and
-        every run's files (a cluster's stay in the shared directory, for who reads them)."""
-        if self._slurm_runner is not None:
-            self._slurm_runner.allocation.release()
-        if self.pools is not None:
-            self.pools.close()
-        if self.run_root is not None:
-            shutil.rmtree(self.run_root, ignore_errors=True)
+        """What the backend holds: the idle pool's ranks (also after Ctrl-C between cases) and
+        the run files, or the Slurm allocation (a cluster's files stay in the shared directory,
+        for who reads them)."""
+        if self._backend is not None:
+            self._backend.release()

@@ -596,6 +596,12 @@ def story(
         )
         if moved:
             parts.append(moved)
+    if new.world_size > 1 and verdict.status is not Status.OK:
+        from scaleguard.evidence import stragglers
+
+        slow = stragglers.find(new.evidence)
+        if slow is not None and stragglers.find(old.evidence) is None:
+            parts.append(slow.describe())
     versions = f"torch {old.torch} -> {new.torch}" if old.torch != new.torch else f"torch {new.torch}"
     quarantined = [r for r in new.runs if r.quarantine]
     if quarantined:

@@ -23,6 +23,7 @@ from typing import Any
 
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.records import FileFormatError, RankFailure, RankPhase, RankResult, read_document
+from scaleguard.machine import processes
 from scaleguard.ranks import faults, worker
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 
@@ -44,36 +45,13 @@ def _signal_name(exitcode: int) -> str:
         return f"signal {-exitcode}"
 
 
-def _kill_rank(proc: BaseProcess, sig: signal.Signals) -> None:
-    """Signal the rank's process group (its loader workers too); fall back to the rank."""
-    if proc.pid is None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-        return
-    except (ProcessLookupError, PermissionError):
-        pass  # the rank had not yet made its own group
-    try:
-        os.kill(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def reap(procs: list[BaseProcess], grace_s: float = GRACE_S) -> None:
-    """SIGTERM, a grace period, SIGKILL (a stopped process ignores SIGTERM), join. A Ctrl-C
-    during the grace period cuts it short; the SIGKILL is sent whatever happens."""
+    """SIGTERM, a grace period, SIGKILL to each rank's group (its loader workers too; a stopped
+    process ignores SIGTERM), join. A Ctrl-C during the grace period cuts it short; the SIGKILL
+    is sent whatever happens."""
     try:
-        for proc in procs:
-            _kill_rank(proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        processes.stop_groups(procs, ((signal.SIGTERM, grace_s),))
     finally:
-        for proc in procs:
-            # SIGKILL the group even if the rank is gone: its loader workers may not be
-            _kill_rank(proc, signal.SIGKILL)
-        for proc in procs:
-            proc.join(timeout=10.0)
         _started_ranks.difference_update(procs)
 
 

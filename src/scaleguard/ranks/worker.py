@@ -369,7 +369,11 @@ def _build_step(
     if workload.is_collective:
         step = build_allreduce_step(spec, workload, device)  # no model: nothing to instrument
     else:
-        phased = build_train_step(spec, device, rank, fault.instrument_model if fault else lambda m: None)
+        # a fault for one rank instruments that rank's model only (a straggler, not a slow job)
+        mine = fault is not None and fault.rank in (None, rank)
+        phased = build_train_step(
+            spec, device, rank, fault.instrument_model if fault and mine else lambda m: None
+        )
         step = phased.step
     return (step if fault is None else fault.wrap_step(step, rank, device)), phased
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence import anatomy, metrics
+from scaleguard.evidence import anatomy, metrics, stragglers
 from scaleguard.evidence.document import inert
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Verdict
@@ -117,6 +117,9 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
             anatomies = [r.anatomy for r in runs if r.anatomy]
             if anatomies:
                 notes.append(f"ws{spec.world_size} step anatomy (last run): {anatomy.summary(anatomies[-1])}")
+            slow = stragglers.find(runs) if spec.world_size > 1 else None
+            if slow is not None:
+                notes.append(f"ws{spec.world_size} {slow.describe()}")
         if notes:
             table.caption = "\n".join(dict.fromkeys(notes))
             table.caption_justify = "left"

@@ -11,13 +11,11 @@ disturbed side is dropped on both sides, and reported.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -35,6 +33,7 @@ from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.records import ID_PATTERN
 from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.verdict import Status, Thresholds, judge_shift
+from scaleguard.machine import processes
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 from scaleguard.schedule import runner
 
@@ -176,12 +175,11 @@ def run_bounded(
                     problem = f"printed more than {limit} bytes when probed"
                 del err[:-4096]  # only the end of stderr is ever shown
     if problem is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
+        processes.stop_group(child, ())  # SIGKILL to its group, reaped with a deadline
     try:
         code = child.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        child.kill()
+        processes.stop_group(child, ())
         code = child.wait()
     child.stdout.close()
     child.stderr.close()

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaleguard.evidence.verdict import Status
+from scaleguard.machine import processes
 from scaleguard.schedule import ab
 
 PROBE_TIMEOUT_S = 7200.0  # one probe: an A/B session over the selected cases, pairs capped
@@ -127,20 +128,7 @@ def probe_build(
 
 def _interrupt(child: subprocess.Popen[str]) -> None:
     """SIGINT to the probe's group (pytest reaps its ranks), SIGKILL after the grace period."""
-    _signal_group(child.pid, signal.SIGINT)
-    try:
-        child.wait(INTERRUPT_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        _signal_group(child.pid, signal.SIGKILL)
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    processes.stop_group(child, ((signal.SIGINT, INTERRUPT_GRACE_S),))
 
 
 class BisectInputError(ValueError):

@@ -49,6 +49,7 @@ from scaleguard.evidence.records import (
     read_document,
 )
 from scaleguard.evidence.runs import RunRecord
+from scaleguard.machine import processes
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
 
 COMMANDS = ("salloc", "srun", "scancel", "squeue", "scontrol")
@@ -565,17 +566,7 @@ def _step_id(output: str) -> str | None:
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     """srun cancels its step on SIGINT (twice within a second) and is killed past a grace."""
-    for sig, wait_s in ((signal.SIGINT, 0.3), (signal.SIGINT, 5.0), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
+    processes.stop_group(proc, ((signal.SIGINT, 0.3), (signal.SIGINT, 5.0)))
 
 
 class InfrastructureError(CaseFailedError):

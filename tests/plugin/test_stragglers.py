@@ -1,0 +1,45 @@
+"""A slow rank named, on real gloo ranks: one rank computes 30 ms more in every backward, and the
+run records every rank's anatomy and says which rank the others wait for (and nothing when no
+rank is slow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scaleguard.ranks.faults import FAULT_ENV
+from tests.plugin.test_verdicts_plugin import ARGS, this_machines_baseline
+
+pytestmark = pytest.mark.timeout(500)
+
+
+@pytest.mark.parametrize("fault", ["slow,rank=1,at=backward,ms=30", None])
+def test_a_slow_rank_is_named_with_its_extra_compute_and_every_ranks_anatomy_is_kept(
+    suite: pytest.Pytester,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    process_tag: str,
+    fault: str | None,
+) -> None:
+    if fault:
+        monkeypatch.setenv(FAULT_ENV, fault)
+    baselines, path = this_machines_baseline(tmp_path)
+    result = suite.runpytest_subprocess(
+        *ARGS, "--perf-threads-per-rank", "1", f"--perf-baselines={baselines}", "--perf-update-baselines"
+    )
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    (ws2,) = json.loads(path.read_text())["cases"]["transformer_tiny-ddp-ws2-fp32-strong"].values()
+    (run,) = ws2["runs"]
+    assert sorted(run["rank_ms"]) == ["0", "1"]
+    assert {"forward", "backward", "optimizer", "exposed communication"} <= set(run["rank_ms"]["1"])
+    if fault:
+        # 30 ms of the injected wait against a step of about 25 ms of compute: far beyond noise
+        assert run["rank_ms"]["1"]["backward"] > run["rank_ms"]["0"]["backward"] + 15
+        result.stdout.re_match_lines(
+            [r"ws2 straggler: rank 1 \(node \S+\) computes \d+\.\d ms/step more than the others.*"]
+        )
+    else:
+        assert "straggler" not in out
