@@ -20,6 +20,8 @@ class DeviceDefaults:
     memory: float  # relative peak-memory change that counts
     prior_spread: float  # run-to-run spread assumed while a baseline is young
     min_spread: float  # floor on a measured run-to-run spread
+    eff_prior_spread: float  # the scaling efficiency's between-session spread (points), young baseline
+    eff_min_spread: float  # floor on a measured efficiency spread (points)
     ab_step: float  # paired A/B: the machine's drift cancels within a pair
     ab_efficiency: float
     ab_max_pairs: int  # pairs at most before an A/B case is called
@@ -39,11 +41,16 @@ class DeviceDefaults:
     channels_last: bool  # convolutions in NHWC (tensor cores)
 
 
+# The scaling efficiency's spread between sessions (points), for a young baseline: the spread of
+# ws2's efficiency over identical sessions (benchmarks/efficiency_spread.py, docs/measured.md)
+EFF_PRIOR_CPU = 0.04
+
 DEVICES: dict[str, DeviceDefaults] = {
     # session medians of identical runs spread by a median 12 % on a 2-core VM (4-26 % per
     # case); A/B pairs 2-8 %, |B/A| at most 4 %; 10 pairs resolve ~10 %
     "cpu": DeviceDefaults(
         step=0.10, efficiency=0.10, memory=0.10, prior_spread=0.12, min_spread=0.04,
+        eff_prior_spread=EFF_PRIOR_CPU, eff_min_spread=0.02,
         ab_step=0.05, ab_efficiency=0.05, ab_max_pairs=10, quarantine_pause_s=20.0,
         case_timeout_s=300.0, profile="smoke", precisions=("fp32",), steps=30, warmup_min=5,
         warmup_tolerance=0.03, target_median_ci=0.0, loader_workers=0, channels_last=False,
@@ -52,6 +59,7 @@ DEVICES: dict[str, DeviceDefaults] = {
     # catches a 5 % slowdown; A/B pairs spread < 1 %: 6 pairs resolve 3 %
     "cuda": DeviceDefaults(
         step=0.03, efficiency=0.03, memory=0.10, prior_spread=0.01, min_spread=0.002,
+        eff_prior_spread=0.01, eff_min_spread=0.002,
         ab_step=0.03, ab_efficiency=0.03, ab_max_pairs=6, quarantine_pause_s=30.0,
         case_timeout_s=900.0, profile="full", precisions=("fp32", "bf16"), steps=50,
         warmup_min=10, warmup_tolerance=0.01, target_median_ci=0.0125, loader_workers=4,

@@ -192,7 +192,9 @@ def test_a_scaling_suspicion_confirms_the_ws1_reference_too(tmp_path: Path) -> N
     # is run again beside them, and the fluke is outvoted
     ws1, ws2 = A, tiny_spec(world_size=2)
     SPECS[ws2.case_id] = ws2
-    measured_spread = replace(Thresholds.for_device("cpu"), efficiency=0.05, min_spread=0.002)
+    measured_spread = replace(
+        Thresholds.for_device("cpu"), efficiency=0.05, min_spread=0.002, eff_min_spread=0.002
+    )
     verdicts = {}
     for confirm in (0, 4):
         fake = FakeLauncher({ws1.case_id: [0.092, 0.1], ws2.case_id: [0.06]})
@@ -212,7 +214,9 @@ def test_a_failing_reference_run_costs_the_reference_not_the_case_being_confirme
     # into the baseline); the ws2 case goes on with its own confirm runs and is judged
     ws1, ws2 = A, tiny_spec(world_size=2)
     SPECS[ws2.case_id] = ws2
-    measured_spread = replace(Thresholds.for_device("cpu"), efficiency=0.05, min_spread=0.002)
+    measured_spread = replace(
+        Thresholds.for_device("cpu"), efficiency=0.05, min_spread=0.002, eff_min_spread=0.002
+    )
     fake = FakeLauncher({ws1.case_id: [0.092, -1.0], ws2.case_id: [0.06]})
     lines: list[str] = []
     perf, _ = session(

@@ -377,3 +377,18 @@ def test_ab_and_the_suite_answer_through_the_same_engine() -> None:
     assert status is Status.REGRESSED and step.change == pytest.approx(0.2, abs=1e-6)
     status, *_ = ab.decide_pairs("c", a, list(a), thr)
     assert status is Status.SAME
+
+
+def test_a_young_baselines_efficiency_is_judged_with_the_efficiencys_own_spread_not_the_steps() -> None:
+    # a baseline as the README records it (one session, 3 runs) on CPU; ws2's efficiency falls
+    # 0.88 -> 0.66 (22 points) while its step rises 13 %, a straggler's mark. With the step's
+    # prior (sqrt 2 x 12 % x 0.88 = 15 points, x3 = 45 points needed) no such drop could be called
+    cpu = Thresholds.for_device("cpu")
+    base = [run(0.030, session="s0", index=i, seed=i, eff=0.88 + 0.005 * (i - 1)) for i in range(3)]
+    new = [run(0.034, session="s1", index=i, seed=10 + i, eff=0.66) for i in range(1)]
+    verdict = decide(case(new), case(base), cpu, ws1_status=Status.OK)
+    assert verdict.status is Status.REGRESSED and verdict.scaling_regression, verdict.story
+    assert f"its spread assumed {cpu.eff_prior_spread * 100:.1f} points, this device's" in verdict.story
+    # the same runs, the efficiency unchanged: OK (the step's +13 % is within CPU's 10 % x prior)
+    same = [run(0.030, session="s1", index=0, seed=20, eff=0.875)]
+    assert decide(case(same), case(base), cpu, ws1_status=Status.OK).status is Status.OK

@@ -89,6 +89,8 @@ _BOUNDS = {
     "k_spread": (0.0, 10.0),
     "prior_spread": (0.0, 1.0),
     "min_spread": (0.0, 1.0),
+    "eff_prior_spread": (0.0, 1.0),
+    "eff_min_spread": (0.0, 1.0),
 }
 
 
@@ -108,6 +110,10 @@ class Thresholds:
     k_spread: float = 3.0  # a change must also exceed k x the run-to-run spread
     prior_spread: float = 0.01
     min_spread: float = 0.002
+    # the scaling efficiency's own: a ratio of two runs of one session, so the machine's and
+    # the session's drift (most of the step's spread) cancels in it (points, devices.py)
+    eff_prior_spread: float = 0.01
+    eff_min_spread: float = 0.002
     min_runs: int = 3  # baseline runs ...
     min_sessions: int = 2  # ... from this many sessions before its own spread is trusted
 
@@ -125,7 +131,7 @@ class Thresholds:
         d = defaults_for(device)
         return cls(
             step=d.step, efficiency=d.efficiency, memory=d.memory, prior_spread=d.prior_spread,
-            min_spread=d.min_spread,
+            min_spread=d.min_spread, eff_prior_spread=d.eff_prior_spread, eff_min_spread=d.eff_min_spread,
         )  # fmt: skip
 
     @classmethod
@@ -413,12 +419,12 @@ def _examine(
     needed_eff = None
     eff_worse = False
     if new.world_size > 1 and new.efficiencies() and old.efficiencies():
-        reference = old.efficiency() or 1.0
-        # efficiency is a ratio of two run medians: about sqrt(2) x the step spread, in points
+        # efficiency is a ratio of two runs of one session: its spread between sessions is its
+        # own, measured per device, not the step's (most of the step's spread is the session's
+        # and the machine's, and cancels in the ratio)
         eff = run_shift(
             new.efficiencies(), old.efficiencies(), relative=False,
-            prior_spread=math.sqrt(2) * thr.prior_spread * reference,
-            min_spread=thr.min_spread * reference, young=young,
+            prior_spread=thr.eff_prior_spread, min_spread=thr.eff_min_spread, young=young,
         )  # fmt: skip
         needed_eff = max(thr.efficiency, thr.k_spread * eff.spread)
         eff_worse = -eff.change > needed_eff and eff.p_down < thr.alpha
@@ -551,8 +557,10 @@ def story(
     ]
     if verdict.efficiency is not None:
         eff = verdict.efficiency
-        text = f"efficiency {old.efficiency():.2f} -> {new.efficiency():.2f} (p={eff.p_down:.1g})"
-        parts.append(text)
+        text = f"efficiency {old.efficiency():.2f} -> {new.efficiency():.2f} (p={eff.p_down:.1g}"
+        if eff.spread_assumed:
+            text += f"; young baseline: its spread assumed {eff.spread * 100:.1f} points, this device's"
+        parts.append(text + ")")
     if verdict.status is Status.REGRESSED and new.world_size > 1 and (found.slower or found.eff_worse):
         parts.append(
             "scaling regression: ws1 unchanged"
