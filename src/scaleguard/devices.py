@@ -41,9 +41,12 @@ class DeviceDefaults:
     channels_last: bool  # convolutions in NHWC (tensor cores)
 
 
-# The scaling efficiency's spread between sessions (points), for a young baseline: the spread of
-# ws2's efficiency over identical sessions (benchmarks/efficiency_spread.py, docs/measured.md)
-EFF_PRIOR_CPU = 0.04
+# The scaling efficiency's spread between sessions (points), for a young baseline: the standard
+# deviation of ws2's efficiency over 10 identical one-run sessions of transformer_tiny ddp on the
+# 2-core VM was 4.6 points (median 0.837; 8 of 10 within 2.5 points, two at -8.1 and +9.3:
+# heavy tails). The step's prior would have said sqrt(2) x 12 % x 0.84 = 14 points
+# (benchmarks/efficiency_power.py, docs/measured.md)
+EFF_PRIOR_CPU = 0.046
 
 DEVICES: dict[str, DeviceDefaults] = {
     # session medians of identical runs spread by a median 12 % on a 2-core VM (4-26 % per

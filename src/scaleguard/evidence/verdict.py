@@ -428,7 +428,9 @@ def _examine(
         )  # fmt: skip
         needed_eff = max(thr.efficiency, thr.k_spread * eff.spread)
         eff_worse = -eff.change > needed_eff and eff.p_down < thr.alpha
-        suspect = suspect or (-eff.change > needed_eff and not eff_worse)
+        # a drop beyond the efficiency's threshold buys confirm runs (INCONCLUSIVE) even when
+        # it is under k x its spread and the step alone moved too little to ask for them
+        suspect = suspect or (-eff.change > thr.efficiency and not eff_worse)
     mem = None
     mem_worse = False
     if new.memories() and old.memories():
