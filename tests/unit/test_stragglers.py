@@ -34,6 +34,8 @@ def test_the_rank_the_others_wait_for_is_named_with_its_node() -> None:
 
 def test_no_straggler_when_ranks_agree_or_nobody_waits() -> None:
     assert stragglers.find([run({"0": ms(20, 1), "1": ms(20.5, 1)})]) is None
+    # an imbalance as two unmodified ranks on two shared cores showed (10.5 %): not a straggler
+    assert stragglers.find([run({"0": ms(38.8, 3.9), "1": ms(35.1, 7.8)})]) is None
     # a rank with more compute that nobody waits for (its wait not the others'): not pacing
     assert stragglers.find([run({"0": ms(20, 1), "1": ms(30, 1)})]) is None
     assert stragglers.find([run({})]) is None

@@ -18,9 +18,11 @@ from scaleguard.evidence.runs import RunRecord
 
 COMPUTE = ("data", "forward", "backward", "optimizer")
 WAIT = "exposed communication"
-# a rank stands out when its compute exceeds the others' median by this share and this much
-MIN_SHARE = 0.10
-MIN_MS = 0.5
+# a rank stands out when its compute exceeds the others' median by this share and this much:
+# two unmodified gloo ranks on the 2-core VM differed by up to 10.5 % (3.7 of 35 ms) in one CI
+# run, so 20 %; a smaller imbalance still shows as the others' exposed communication
+MIN_SHARE = 0.20
+MIN_MS = 1.0
 # ... and the others wait for it: their wait grew by at least this share of its extra compute
 WAIT_SHARE = 0.5
 
