@@ -97,3 +97,12 @@ def test_nodes_of_one_host_are_not_called_slow_for_probing_side_by_side() -> Non
     assert checked.one_host and "2 nodes share 1 host(s) (vm)" in checked.warnings[0]
     assert not any("is slow" in w for w in checked.warnings)
     assert checked.slowest_machine() == {"score": 0.9}
+
+
+def test_what_a_node_wrote_is_inert_on_the_terminal() -> None:
+    forged = report("n2", cpu_model="Xeon\x1b[2J\nscaleguard: forged", torch="2.11.0\r")
+    checked = preflight.check(
+        [report("n1", cpu_model=forged.cpu_model, torch=forged.torch), forged], "cuda", 8
+    )
+    said = "\n".join(checked.lines())
+    assert "\x1b" not in said and "\r" not in said and "\\x1b[2J" in said

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report = node_report()
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out / f"{report['node']}.json", report)
+    # the node's name as Slurm gave it; never a path of its own
+    atomic_write_json(args.out / f"{Path(str(report['node'])).name or 'node'}.json", report)
     return 0
 
 
@@ -165,7 +166,12 @@ class NodeReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], gres: str | None, where: str) -> NodeReport:
-        from scaleguard.evidence.document import Fields
+        from scaleguard.evidence.document import Fields, inert
+
+        # every text here was written on a node (its environment, its torch, its GPUs' names)
+        # and reaches the terminal: made inert and bounded once, here
+        def text(value: object, limit: int = 200) -> str:
+            return inert(str(value)[:limit])
 
         f = Fields.of(data, where, "a scaleguard bug (the pre-flight wrote it)")
         raw_gpus, raw_placement, raw_machine = data.get("gpus"), data.get("placement"), data.get("machine")
@@ -174,20 +180,20 @@ class NodeReport:
         machine: dict[str, Any] = raw_machine if isinstance(raw_machine, dict) else {}
         foreign = data.get("foreign_cores")
         return cls(
-            node=f.string("node"),
-            hostname=str(data.get("hostname") or "")[:200],
-            python_version=f.string("python_version"),
-            scaleguard=f.string("scaleguard"),
-            torch=f.text("torch", optional=True),
-            torch_error=str(data.get("torch_error") or "")[:500],
-            cpu_model=f.string("cpu_model"),
-            gpus=tuple(str(g.get("name", "?"))[:100] for g in gpus if isinstance(g, dict)),
-            gpu_uuids=tuple(str(g.get("uuid", ""))[:100] for g in gpus if isinstance(g, dict)),
+            node=text(f.string("node")),
+            hostname=text(data.get("hostname") or ""),
+            python_version=text(f.string("python_version")),
+            scaleguard=text(f.string("scaleguard")),
+            torch=None if (t := f.text("torch", optional=True)) is None else text(t),
+            torch_error=text(data.get("torch_error") or "", 500),
+            cpu_model=text(f.string("cpu_model")),
+            gpus=tuple(text(g.get("name", "?"), 100) for g in gpus[:64] if isinstance(g, dict)),
+            gpu_uuids=tuple(text(g.get("uuid", ""), 100) for g in gpus[:64] if isinstance(g, dict)),
             cuda_visible_devices=(
-                str(placement["cuda_visible_devices"])[:200] if "cuda_visible_devices" in placement else None
+                text(placement["cuda_visible_devices"]) if "cuda_visible_devices" in placement else None
             ),
-            gres=gres,
-            cpus=str(placement.get("cpus", ""))[:200],
+            gres=None if gres is None else text(gres),
+            cpus=text(placement.get("cpus", "")),
             foreign_cores=float(foreign) if isinstance(foreign, int | float) else None,
             machine=machine,
         )
