@@ -71,5 +71,29 @@ DEVICES: dict[str, DeviceDefaults] = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class KindSpread:
+    """How far a device-bound case's run median moves between sessions and machines of one GPU
+    kind: what a young baseline (one recording session) is assumed to spread, instead of the
+    device's general ``prior_spread``. Measured by ``benchmarks/kind_spread.py`` from the kind's
+    committed baseline: the pooled between-session standard deviation (log) of the cases whose
+    GPU is busy >= 90 % of the step, taken at its one-sided 90 % upper confidence bound."""
+
+    spread: float
+    evidence: str  # what it was measured on, said in the story that assumes it
+
+
+# keyed by torch's device name (``torch.cuda.get_device_name``), as the runs record it
+KIND_SPREADS: dict[str, KindSpread] = {
+    # 5 device-bound ResNet-50 cases, runs from 2 machines (2026-12-05): pooled sd 0.17 %
+    # (5 df), case max-min 0.01-0.45 %
+    "NVIDIA H200": KindSpread(0.0030, "5 device-bound cases on 2 H200 machines, pooled sd 0.17 %"),
+}
+
+
+def kind_spread(device_name: str) -> KindSpread | None:
+    return KIND_SPREADS.get(device_name)
+
+
 def defaults_for(device: str) -> DeviceDefaults:
     return DEVICES.get(device, DEVICES["cuda"])

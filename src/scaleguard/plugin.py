@@ -345,9 +345,9 @@ def pytest_terminal_summary(
     ledger = session.ledger
     terminalreporter.section("scaleguard scaling")
     width = max(100, terminalreporter._tw.fullwidth)
-    terminalreporter.write(
-        report.render(report.scaling_tables(ledger, state.config.peak_tflops if state else None), width)
-    )
+    tables = report.scaling_tables(ledger, state.config.peak_tflops if state else None)
+    # a CI log (not a terminal) gets each table at its natural width: nothing folded or cut
+    terminalreporter.write(report.render(tables, width, fit=not terminalreporter.isatty))
     for case_id, reason in ledger.failures.items():
         if state is not None and case_id in state.infrastructure:
             terminalreporter.write_line(f"INFRASTRUCTURE {case_id}: not run, the cluster lost it: {reason}")
@@ -384,7 +384,11 @@ def _ab_summary(terminalreporter: Any, state: Suite) -> None:
     config = state.config
     terminalreporter.section("scaleguard A/B")
     terminalreporter.write(
-        report.render([report.ab_table(session)], max(100, terminalreporter._tw.fullwidth))
+        report.render(
+            [report.ab_table(session)],
+            max(100, terminalreporter._tw.fullwidth),
+            fit=not terminalreporter.isatty,
+        )
     )
     for verdict in session.verdicts.values():
         if verdict.status is not Status.SAME or verdict.dropped:  # a dropped pair is always reported

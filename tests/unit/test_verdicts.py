@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -392,3 +393,35 @@ def test_a_young_baselines_efficiency_is_judged_with_the_efficiencys_own_spread_
     # the same runs, the efficiency unchanged: OK (the step's +13 % is within CPU's 10 % x prior)
     same = [run(0.030, session="s1", index=0, seed=20, eff=0.875)]
     assert decide(case(same), case(base), cpu, ws1_status=Status.OK).status is Status.OK
+
+
+def _named(runs: list[RunRecord], name: str) -> list[RunRecord]:
+    from dataclasses import replace
+
+    return [replace(r, device_name=name) for r in runs]
+
+
+@pytest.mark.parametrize(
+    ("name", "share", "expected", "assumed"),
+    [
+        # a kind with a measured between-machine spread, a device-bound step: +1.5 % is called
+        ("NVIDIA H200", 0.97, Status.REGRESSED, "0.3%, the NVIDIA H200's between-machine spread"),
+        # the same kind, a host-bound step: the device's general prior (1 %), 3 % needed
+        ("NVIDIA H200", 0.5, Status.OK, "1.0%, this device's prior"),
+        # a kind nobody has measured: the device's general prior
+        ("NVIDIA H100 80GB HBM3", 0.97, Status.OK, "1.0%, this device's prior"),
+    ],
+)
+def test_a_young_baseline_of_a_device_bound_step_assumes_its_kinds_measured_spread(
+    name: str, share: float, expected: Status, assumed: str
+) -> None:
+    one_step = Thresholds.for_device("cuda")
+    one_pct = dataclasses.replace(one_step, step=0.01)
+    base = _named(_busy(spread_runs(2, 0.0805, 0.0005, seed=50, sessions=1), share), name)
+    new = _named(_busy(spread_runs(1, 0.0805 * 1.015, 0.0005, seed=51, sessions=1), share), name)
+    verdict = decide(case(new, ws=1), case(base, ws=1), one_pct)
+    assert verdict.status is expected, verdict.story
+    assert f"young baseline (2 runs, 1 session): spread assumed {assumed}" in verdict.story, verdict.story
+    # an A/A night against the same young baseline stays OK under the narrower prior
+    same = _named(_busy(spread_runs(1, 0.0805 * 1.003, 0.0005, seed=52, sessions=1), share), name)
+    assert decide(case(same, ws=1), case(base, ws=1), one_pct).status is Status.OK

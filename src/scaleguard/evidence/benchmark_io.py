@@ -68,6 +68,8 @@ def extra_info(
     if verdict is not None:
         info["verdict"] = verdict.status.value
         info["verdict_story"] = verdict.story
+        # the figures the table's "vs base" and "can call" columns show, OK rows included
+        info["vs_baseline"] = verdict.movement()
     return info
 
 

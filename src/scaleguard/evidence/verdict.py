@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from scaleguard.devices import defaults_for
+from scaleguard.devices import defaults_for, kind_spread
 from scaleguard.evidence import anatomy
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.stats import Shift, run_shift
@@ -339,10 +339,26 @@ class Verdict:
     needed_step: float | None = None  # the change the step time had to exceed
     machine: MachineDiff | None = None  # set when this machine's probe differs from the baseline's
     machine_moved: bool = False  # the step moved beyond the threshold, but only as far as the machine
+    needed_efficiency: float | None = None  # the drop (points) the efficiency had to exceed
 
     @property
     def failed(self) -> bool:
         return self.status is Status.REGRESSED
+
+    def movement(self) -> dict[str, float | bool | None] | None:
+        """How far the case moved against its baseline and the smallest change this comparison
+        could have called, OK rows included (the table's columns and the saved JSON: one source).
+        Step as a ratio - 1; efficiency in points (absolute). None when nothing was compared."""
+        if self.step is None:
+            return None
+        eff = self.efficiency
+        return {
+            "step_change": self.step.change,
+            "step_needed": self.needed_step,
+            "step_spread_assumed": self.step.spread_assumed,
+            "efficiency_change": None if eff is None else eff.change,
+            "efficiency_needed": self.needed_efficiency if eff is not None else None,
+        }
 
     @property
     def step_change(self) -> float | None:
@@ -373,10 +389,31 @@ def _young(old: CaseEvidence, thr: Thresholds) -> bool:
     return len(old.evidence) < thr.min_runs or old.sessions < thr.min_sessions
 
 
+def young_prior(old: CaseEvidence, thr: Thresholds) -> tuple[Thresholds, str]:
+    """The step spread a young baseline is assumed to have, and the words that say why.
+
+    A device-bound case (the GPU busy >= ``DEVICE_BOUND`` of the baseline's steps) of a GPU kind
+    whose between-machine spread was measured (``devices.KIND_SPREADS``) takes that figure: it
+    moves far less between machines than the device's general prior allows for. Every other
+    case keeps the device's prior (host-bound cases move with the host)."""
+    names = {r.device_name for r in old.evidence}
+    busy = old.gpu_busy_share()
+    known = kind_spread(next(iter(names))) if len(names) == 1 else None
+    if known is None or busy is None or busy < DEVICE_BOUND:
+        return thr, "this device's prior"
+    spread = max(known.spread, thr.min_spread)
+    return replace(thr, prior_spread=spread), (
+        f"the {next(iter(names))}'s between-machine spread for a device-bound step (GPU busy "
+        f"{busy:.0%}; {known.evidence})"
+    )
+
+
 def _examine(
     new: CaseEvidence, old: CaseEvidence, thr: Thresholds
 ) -> tuple[Shift, Shift | None, Shift | None, _Findings]:
     young = _young(old, thr)
+    if young:
+        thr, _ = young_prior(old, thr)
     step = run_shift(
         new.medians(), old.medians(), relative=True, prior_spread=thr.prior_spread,
         min_spread=thr.min_spread, young=young,
@@ -516,8 +553,9 @@ def decide(
     else:
         status = Status.OK
     verdict = Verdict(
-        cid, status, "", step, eff, mem, old, scaling, found.needed, found.machine, found.machine_moved
-    )
+        cid, status, "", step, eff, mem, old, scaling, found.needed, found.machine, found.machine_moved,
+        found.needed_eff,
+    )  # fmt: skip
     return replace(verdict, story=story(verdict, new, old, thr, found, ws1_status))
 
 
@@ -534,7 +572,8 @@ def _evidence_text(shift: Shift, old: CaseEvidence, thr: Thresholds) -> str:
     if shift.spread_assumed:
         young = (
             f"; young baseline ({_runs(len(old.evidence))}, {old.sessions} session"
-            f"{'' if old.sessions == 1 else 's'}): spread assumed {shift.spread:.1%}"
+            f"{'' if old.sessions == 1 else 's'}): spread assumed {shift.spread:.1%}, "
+            f"{young_prior(old, thr)[1]}"
         )
     else:
         young = f", run-to-run spread {shift.spread:.1%}"

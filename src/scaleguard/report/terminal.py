@@ -40,6 +40,40 @@ def fmt_spread(evidence: CaseEvidence) -> str:
     return "-" if spread is None else f"{spread:.1%}"
 
 
+# the scaling table's columns; every header fits a CI log's 80-100 columns uncut
+COLUMNS = (
+    "ws", "batch", "runs", "step ms", "vs base", "can call", "spread", "IQR", "samples/s", "speedup",
+    "eff", "mem/rank", "verdict",
+)  # fmt: skip
+WRAPPING = ("runs", "vs base", "can call")
+LEGEND = (
+    "vs base: this session's median step against the baseline's (signed; for ws>1 also the "
+    "efficiency's change in points); can call: the smallest change this comparison could call "
+    "(its threshold, or k x the run-to-run spread where that is larger; * the spread assumed: "
+    "a young baseline); spread: between runs; "
+    "IQR: within the noisiest run; eff: scaling efficiency"
+)
+
+
+def fmt_movement(verdict: Verdict | None) -> tuple[str, str]:
+    """The "vs base" and "can call" cells: how far the case moved and the smallest change its
+    comparison could have called (OK rows included), from ``Verdict.movement`` as the JSON."""
+    figures = verdict.movement() if verdict is not None else None
+    if figures is None:
+        return "-", "-"
+    moved = f"{figures['step_change']:+.1%}"
+    needed = figures["step_needed"]
+    can = "-" if needed is None else f"{needed:.1%}"
+    eff, eff_needed = figures["efficiency_change"], figures["efficiency_needed"]
+    if isinstance(eff, float):
+        moved += f" {eff * 100:+.1f}pt"
+        if isinstance(eff_needed, float):
+            can += f" {eff_needed * 100:.1f}pt"
+    if figures["step_spread_assumed"]:
+        can += "*"  # the baseline is young: the spread behind it was assumed (the story says)
+    return moved, can
+
+
 def throughput_note(spec: CaseSpec, rates: dict[str, Any]) -> str | None:
     if not rates["tflops_per_gpu"]:
         return None
@@ -72,20 +106,14 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
             title=f"{group_id}  ({first.device}, profile {first.profile}, {device_name})",
             title_justify="left",
         )
-        for column in (
-            "ws",
-            "global batch",
-            "runs",
-            "step ms",
-            "run spread",
-            "IQR in run",
-            "samples/s",
-            "speedup",
-            "efficiency",
-            "peak mem/rank",
-            "verdict",
-        ):
-            table.add_column(column, justify="right")
+        for column in COLUMNS:
+            # headers are short on purpose (legend under the table) and never narrower than their
+            # longest word: a cut header ("effic…") says nothing. Figures never break; the cells
+            # made of words ("3 (1 aside)", "+1.6% -2.0pt") wrap at their spaces
+            table.add_column(
+                column, justify="right", min_width=max(len(word) for word in column.split()),
+                no_wrap=column not in WRAPPING, overflow="fold",
+            )  # fmt: skip
         notes = []
         for case_id in case_ids:
             spec = ledger.specs[case_id]
@@ -94,12 +122,15 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
             effs = evidence.efficiencies()
             speedups = [r.speedup for r in runs if r.speedup is not None]
             verdict = ledger.verdicts.get(case_id)
+            moved, callable_ = fmt_movement(verdict)
             table.add_row(
                 str(spec.world_size),
                 str(spec.global_batch),
-                str(len(evidence.runs)) + (f" ({len(evidence.runs) - len(evidence.evidence)} set aside)"
+                str(len(evidence.runs)) + (f" ({len(evidence.runs) - len(evidence.evidence)} aside)"
                                            if len(evidence.evidence) < len(evidence.runs) else ""),
                 fmt_ms(evidence.median_s()),
+                moved,
+                callable_,
                 fmt_spread(evidence),
                 f"{max(r.summary.rel_iqr for r in runs):.1%}",
                 f"{evidence.samples_per_s():,.1f}",
@@ -120,6 +151,7 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
             slow = stragglers.find(runs) if spec.world_size > 1 else None
             if slow is not None:
                 notes.append(f"ws{spec.world_size} {slow.describe()}")
+        notes.append(LEGEND)
         if notes:
             table.caption = "\n".join(dict.fromkeys(notes))
             table.caption_justify = "left"
@@ -152,14 +184,26 @@ def bandwidth_bound_notes(ledger: Ledger, spec: CaseSpec, evidence: CaseEvidence
     ]
 
 
-def render(tables: Sequence[Table], width: int = 120) -> str:
-    """Render rich tables to plain text for pytest's terminal reporter."""
+def render(tables: Sequence[Table], width: int = 120, *, fit: bool = False) -> str:
+    """Render rich tables to plain text for pytest's terminal reporter.
+
+    A table is never cropped: below its minimum width it is printed at that minimum (a
+    terminal then wraps the lines; nothing is lost). ``fit``: for a log rather than a terminal
+    (CI), each table is printed at its natural width (up to ``MAX_LOG_WIDTH``), so no cell is
+    wrapped: a log has no right edge.
+    """
     buffer = io.StringIO()
     # markup off: case ids and versions come from files and may hold "[/]"
     console = Console(file=buffer, width=width, force_terminal=False, color_system=None, markup=False)
+    wide = console.options.update_width(MAX_LOG_WIDTH)
     for table in tables:
+        need = console.measure(table, options=wide)
+        console.width = max(width, min(need.maximum if fit else need.minimum, MAX_LOG_WIDTH))
         console.print(table)
     return buffer.getvalue()
+
+
+MAX_LOG_WIDTH = 200
 
 
 def time_lines(ledger: Ledger, suite_wall_s: float) -> list[str]:
