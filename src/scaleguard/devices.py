@@ -39,6 +39,11 @@ class DeviceDefaults:
     target_median_ci: float
     loader_workers: int  # DataLoader workers per rank of a loader case
     channels_last: bool  # convolutions in NHWC (tensor cores)
+    # the projection (evidence.projection): may DDP's all-reduce hide under the backward? On
+    # CPU each rank has one core and gloo's threads share it: resnet18_cifar ws2 on the 2-core
+    # VM all-reduced its 3 buckets in 39 ms alone and exposed 44 ms of communication within a
+    # synchronised backward (docs/measured.md). NCCL runs on its own CUDA stream
+    comm_overlaps: bool
 
 
 # The scaling efficiency's spread between sessions (points), for a young baseline: the standard
@@ -57,6 +62,7 @@ DEVICES: dict[str, DeviceDefaults] = {
         ab_step=0.05, ab_efficiency=0.05, ab_max_pairs=10, quarantine_pause_s=20.0,
         case_timeout_s=300.0, profile="smoke", precisions=("fp32",), steps=30, warmup_min=5,
         warmup_tolerance=0.03, target_median_ci=0.0, loader_workers=0, channels_last=False,
+        comm_overlaps=False,
     ),
     # bs-256 ResNet-50 runs moved 0.1-0.5 % between runs and sessions on the H200, so 3 %
     # catches a 5 % slowdown; A/B pairs spread < 1 %: 6 pairs resolve 3 %
@@ -66,7 +72,7 @@ DEVICES: dict[str, DeviceDefaults] = {
         ab_step=0.03, ab_efficiency=0.03, ab_max_pairs=6, quarantine_pause_s=30.0,
         case_timeout_s=900.0, profile="full", precisions=("fp32", "bf16"), steps=50,
         warmup_min=10, warmup_tolerance=0.01, target_median_ci=0.0125, loader_workers=4,
-        channels_last=True,
+        channels_last=True, comm_overlaps=True,
     ),
 }  # fmt: skip
 

@@ -285,6 +285,7 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             evidence,
             verdict,
             request.config.stash[STATE].config.peak_tflops,
+            ledger.projection(spec.case_id),
         )
         if verdict is not None and verdict.failed:
             kept = request.config.stash[STATE].keep_trace(evidence)

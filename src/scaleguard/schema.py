@@ -13,9 +13,12 @@ History:
      devices and GPU UUID, the Slurm step's grant) and its step anatomy's categories
      (``rank_ms``: every rank's compute and wait, so a straggler can be named); schema-3 runs
      read with those empty.
+  5: a DDP run also holds what its scaling projection needs (``scaling``: compute phase by phase
+     without the all-reduce, when each gradient became ready in the backward, DDP's buckets and
+     each bucket's all-reduce timed alone); schema-4 runs read with none.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)

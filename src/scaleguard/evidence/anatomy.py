@@ -125,10 +125,11 @@ class PhasedStep:
     """
 
     step: Callable[[], Any]
-    phases: Callable[[bool], dict[str, float]]
+    phases: Callable[..., dict[str, float]]  # (grad_sync, take=None): take = a smaller batch
     can_skip_sync: bool
     grad_bytes: int = 0
     flops_per_step: float = 0.0  # this process's training FLOPs per step (scaleguard.workloads.flops)
+    model: Any = None  # the wrapped model (DDP's buckets, gradient hooks: ranks.overlap)
 
 
 def measure(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
+from scaleguard.evidence.projection import Projection
 from scaleguard.evidence.records import Fields, FileFormatError, content_id, read_document
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
 from scaleguard.evidence.stats import StepSummary
@@ -29,6 +30,7 @@ def extra_info(
     evidence: CaseEvidence,
     verdict: Verdict | None,
     peak_tflops: float | None = None,
+    projection: Projection | None = None,
 ) -> dict[str, Any]:
     """What a saved run holds of a case beside its steps: the case, every run of this session
     (the runs in their one stored shape: ``scaleguard compare`` reads them), and the figures."""
@@ -70,6 +72,9 @@ def extra_info(
         info["verdict_story"] = verdict.story
         # the figures the table's "vs base" and "can call" columns show, OK rows included
         info["vs_baseline"] = verdict.movement()
+    if projection is not None:
+        # what the case should have done from its ws1 run (evidence.projection), beside the measured
+        info["projection"] = projection.to_dict()
     return info
 
 
@@ -79,6 +84,7 @@ def record(
     evidence: CaseEvidence,
     verdict: Verdict | None,
     peak_tflops: float | None = None,
+    projection: Projection | None = None,
 ) -> None:
     """Store the case's measured steps (every run of this session, in order) as the
     benchmark's rounds, and the runs themselves in ``extra_info``."""
@@ -91,7 +97,7 @@ def record(
     for run in evidence.runs:
         for step_s in run.step_s:
             stats.update(step_s)
-    benchmark.extra_info.update(extra_info(spec, evidence, verdict, peak_tflops))
+    benchmark.extra_info.update(extra_info(spec, evidence, verdict, peak_tflops, projection))
 
 
 def update_machine_info(
@@ -230,7 +236,9 @@ def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label
             {
                 "group": None, "name": name, "fullname": f"perf/test_train_step.py::{name}",
                 "params": {"perf_case": case_id}, "param": case_id,
-                "extra_info": extra_info(ledger.specs[case_id], evidence, None),
+                "extra_info": extra_info(
+                    ledger.specs[case_id], evidence, None, projection=ledger.projection(case_id)
+                ),
                 "options": {"disable_gc": False, "timer": "perf_counter", "min_rounds": 1,
                             "max_time": 0, "min_time": 0, "warmup": False},
                 "stats": data,

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from scaleguard.case import CaseSpec
+from scaleguard.devices import defaults_for
 from scaleguard.evidence import baseline
 from scaleguard.evidence.baseline import BaselineFile
+from scaleguard.evidence.projection import Projection, project
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of, utc_now
 from scaleguard.evidence.verdict import CaseRule, Status, Thresholds, Verdict, decide, thresholds_for
 
@@ -137,6 +139,24 @@ class Ledger:
         rates = [r.samples_per_s for r in self.records[case_id] if r.quarantine is None]
         rates = rates or [r.samples_per_s for r in self.records[case_id]]
         return float(math.exp(np.mean(np.log(rates))))
+
+    def projection(self, case_id: str) -> Projection | None:
+        """What a DDP case of world size > 1 should do, from its group's ws1 runs of this session
+        (``evidence.projection``); None without them, or for ranks sharing one GPU."""
+        spec = self.specs[case_id]
+        anchor = self.anchor(spec)
+        if anchor is None or spec.mode != "ddp" or spec.settings.shared_gpu:
+            return None
+
+        def evidence_runs(cid: str) -> list[RunRecord]:
+            runs = self.records[cid]
+            return [r for r in runs if r.quarantine is None] or list(runs)
+
+        return project(
+            evidence_runs(anchor.case_id), evidence_runs(case_id), anchor.per_rank_batch,
+            spec.per_rank_batch, spec.world_size, anchor.global_batch, spec.global_batch,
+            defaults_for(spec.device).comm_overlaps,
+        )  # fmt: skip
 
     def _ws1_case(self, group_id: str) -> str | None:
         return next(

@@ -115,6 +115,8 @@ class RankResult:
     flops_per_step: float = stored(read_number(0.0, 1e21), default=0.0)  # this process's training FLOPs
     # where it ran: node, bound CPUs, visible devices (UUIDs on GPU), what the Slurm step gave it
     placement: dict[str, Any] = stored(read_object, default_factory=dict)
+    # a DDP run's projection inputs (ranks.overlap; evidence.projection.ScalingInputs, as written)
+    scaling: dict[str, Any] = stored(read_object, default_factory=dict)
     schema_version: int = stored(read_version, default=SCHEMA_VERSION)
 
     def to_dict(self) -> dict[str, Any]:

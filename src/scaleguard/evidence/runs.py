@@ -35,6 +35,7 @@ from scaleguard.evidence.document import (
     record_to_dict,
     stored,
 )
+from scaleguard.evidence.projection import ScalingInputs
 from scaleguard.evidence.records import RankResult
 from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth, slowest_rank_steps
 from scaleguard.evidence.steady import WarmupPolicy
@@ -88,6 +89,14 @@ def _read_anatomy(f: Fields, key: str) -> Anatomy:
     return Anatomy.from_dict(f.data[key], f"{f.where}.{key}", f.fix)
 
 
+def _read_scaling(f: Fields, key: str) -> ScalingInputs:
+    return ScalingInputs.from_dict(f.data[key], f"{f.where}.{key}", f.fix)
+
+
+def _scaling_stored(inputs: ScalingInputs | None) -> dict[str, Any] | None:
+    return inputs.to_dict() if inputs else None
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One run of one case (one set of rank processes), in the one shape it has from the ranks
@@ -136,6 +145,8 @@ class RunRecord:
     # data, exposed communication): a slow rank shows as its own compute, not as rank 0's wait.
     # 5 numbers a rank: about 150 bytes of JSON per rank and run (77 kB at 512 ranks)
     rank_ms: dict[str, Any] = stored(read_object, default_factory=dict)
+    # a DDP run's projection inputs (rank 0's; evidence.projection): schema 5
+    scaling: ScalingInputs | None = stored(_read_scaling, write=_scaling_stored, default=None)
 
     @property
     def median_s(self) -> float:
@@ -194,6 +205,11 @@ class RunRecord:
             flops_per_step=ranks[0].flops_per_step,
             placement={str(r.rank): dict(r.placement) for r in ranks if r.placement},
             rank_ms=_rank_ms(ranks) if len(ranks) > 1 and not lost else {},
+            scaling=(
+                ScalingInputs.from_dict(ranks[0].scaling, f"{spec.case_id} scaling", "a scaleguard bug")
+                if ranks[0].scaling and not lost
+                else None
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:

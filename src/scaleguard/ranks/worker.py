@@ -43,7 +43,7 @@ from scaleguard.evidence.records import (
 from scaleguard.evidence.steady import WarmupPolicy
 from scaleguard.machine.env import cpu_model, runtime_versions
 from scaleguard.machine.placement import bound_cpus, slurm_placement
-from scaleguard.ranks import timing
+from scaleguard.ranks import overlap, timing
 from scaleguard.ranks.collective import build_allreduce_step
 from scaleguard.ranks.faults import FaultSpec
 from scaleguard.workloads.builtins import Batch, synthetic_batches
@@ -246,13 +246,17 @@ def build_train_step(
 
     no_sync = _no_sync(model)
 
-    def step(lap: Callable[[], None] | None = None, grad_sync: bool = True) -> torch.Tensor:
+    def step(
+        lap: Callable[[], None] | None = None, grad_sync: bool = True, take: int | None = None
+    ) -> torch.Tensor:
         """One training step; returns the detached loss. The measured steps call it bare (no
         ``lap``: nothing synchronises, a few ``None`` checks cost well under a microsecond);
         the anatomy passes ``lap``, its phase boundary, and ``grad_sync=False`` for DDP's
         ``no_sync``, which spans forward and backward since DDP decides in forward whether the
         backward all-reduces. One body for both: the anatomy explains the step that is timed."""
         batch = next(batches)
+        if take is not None:  # the first ``take`` samples: compute at a smaller per-rank batch
+            batch = tuple(t[:take] if t.dim() > 0 else t for t in batch)
         if convert:
             batch = tuple(
                 t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in batch
@@ -271,7 +275,7 @@ def build_train_step(
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    def phases(grad_sync: bool) -> dict[str, float]:
+    def phases(grad_sync: bool, take: int | None = None) -> dict[str, float]:
         # the device drained at every boundary: never a measured step (the boundaries cost
         # overlap), only compared with itself
         marks = [_drained(device)]
@@ -279,13 +283,14 @@ def build_train_step(
         def lap() -> None:
             marks.append(_drained(device))
 
-        step(lap, grad_sync)
+        step(lap, grad_sync, take)
         lap()
         return {n: b - a for n, (a, b) in zip(PHASES, itertools.pairwise(marks), strict=True)}
 
     return PhasedStep(
-        step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes, flops_per_step=flops
-    )
+        step, phases, can_skip_sync=no_sync is not None, grad_bytes=grad_bytes, flops_per_step=flops,
+        model=model,
+    )  # fmt: skip
 
 
 def _step_flops(
@@ -405,7 +410,8 @@ def _with_anatomy(
     already measured: a failure in it costs the anatomy, never the run. So the measured result
     is written first, marked lost; a rank that dies in the anatomy (the profiler is native code
     beside gloo's threads) leaves that file, and the parent keeps the run (``launcher``)."""
-    if phased is None or spec.settings.profile_steps <= 0:
+    projected = spec.mode == "ddp" and phased is not None and phased.can_skip_sync
+    if phased is None or (spec.settings.profile_steps <= 0 and not projected):
         return result
     status.set(RankPhase.ANATOMY)
     provisional = replace(
@@ -415,7 +421,8 @@ def _with_anatomy(
     try:
         if fault is not None and fault.applies(rank, "anatomy", 0):
             fault.fire(device)
-        return replace(result, anatomy=_anatomy(spec, phased, device, files))
+        scaling = overlap.measure(phased, device, spec) if projected else {}
+        return replace(result, scaling=scaling, anatomy=_anatomy(spec, phased, device, files))
     except Exception as exc:  # noqa: BLE001 - any failure here is the diagnosis's, not the run's
         return replace(result, anatomy_lost=f"rank {rank}: {type(exc).__name__}: {exc}"[:500])
 

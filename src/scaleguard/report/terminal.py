@@ -43,7 +43,7 @@ def fmt_spread(evidence: CaseEvidence) -> str:
 # the scaling table's columns; every header fits a CI log's 80-100 columns uncut
 COLUMNS = (
     "ws", "batch", "runs", "step ms", "vs base", "can call", "spread", "IQR", "samples/s", "speedup",
-    "eff", "mem/rank", "verdict",
+    "eff", "proj", "mem/rank", "verdict",
 )  # fmt: skip
 WRAPPING = ("runs", "vs base", "can call")
 LEGEND = (
@@ -51,7 +51,8 @@ LEGEND = (
     "efficiency's change in points); can call: the smallest change this comparison could call "
     "(its threshold, or k x the run-to-run spread where that is larger; * the spread assumed: "
     "a young baseline); spread: between runs; "
-    "IQR: within the noisiest run; eff: scaling efficiency"
+    "IQR: within the noisiest run; eff: scaling efficiency; proj: the efficiency projected from ws1's "
+    "compute and this world size's measured all-reduce (DDP)"
 )
 
 
@@ -123,6 +124,7 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
             speedups = [r.speedup for r in runs if r.speedup is not None]
             verdict = ledger.verdicts.get(case_id)
             moved, callable_ = fmt_movement(verdict)
+            projected = ledger.projection(case_id)
             table.add_row(
                 str(spec.world_size),
                 str(spec.global_batch),
@@ -136,6 +138,7 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
                 f"{evidence.samples_per_s():,.1f}",
                 fmt_ratio(sum(speedups) / len(speedups) if speedups else None),
                 fmt_ratio(sum(effs) / len(effs) if effs else None),
+                fmt_ratio(projected.efficiency if projected else None),
                 fmt_bytes(max(r.peak_mem_bytes for r in evidence.runs)),
                 verdict.status.value if verdict else "-",
             )  # fmt: skip
@@ -143,6 +146,8 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
                 notes += [f"ws{spec.world_size}: {note}" for note in run.notes]
             notes += collective_notes(spec, evidence)
             notes += bandwidth_bound_notes(ledger, spec, evidence)
+            if projected is not None:
+                notes.append(projected.describe(evidence.efficiency()))
             note = throughput_note(spec, metrics.throughput(spec, evidence, device_name, peak_override))
             notes += [note] if note else []
             anatomies = [r.anatomy for r in runs if r.anatomy]

@@ -1,0 +1,217 @@
+"""What a DDP case at world size N should do, projected from the same session's world-size-1 run.
+
+The inputs (``ScalingInputs``, measured in every DDP run by ``ranks.overlap``):
+- from world size 1: the per-rank compute phase by phase (data, forward, backward, optimizer) and
+  when each parameter's gradient becomes ready within the backward;
+- from world size N: DDP's buckets as it rebuilt them (bytes and parameters, in reduction order)
+  and each bucket's all-reduce timed alone at this world size.
+
+The model (as dPRO, Daydream and Echo do from profiles, reduced to DDP's one overlap):
+- per-rank compute at N is world size 1's phases scaled by the per-rank batch (data, forward and
+  backward with the batch; the optimizer not), anchored to world size 1's measured step;
+- a bucket can start once its last gradient is ready and the bucket before it is done (DDP
+  reduces in order, one at a time); its all-reduce takes what the probe measured;
+- the step is the compute plus whatever all-reduce outlasts the backward (exposed), so the
+  efficiency is world size 1's rate over N x the projected rate.
+What it leaves out, by design: compute slowing while communication overlaps it (cores or memory
+bandwidth shared with the collective: measured in docs/measured.md), stragglers, the data
+loader's contention. The gap between projection and measurement is that remainder.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaleguard.evidence.document import Fields
+
+MAX_PARAMS = 1_000_000  # parameters of one model: bounds what a stored record may hold
+PHASE_NAMES = ("data", "forward", "backward", "optimizer")
+BATCH_PHASES = ("data", "forward", "backward")  # grow with the per-rank batch; the optimizer does not
+
+
+def _index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_PARAMS
+
+
+@dataclass(frozen=True)
+class ScalingInputs:
+    """One run's measured inputs of the projection (rank 0's; schema 5 of the run record)."""
+
+    phase_ms: dict[str, float]  # compute only (gradient all-reduce skipped), median of a few steps
+    # world size 1 of strong scaling: the same at the smaller per-rank batches of larger worlds
+    phase_ms_at: dict[int, dict[str, float]] = field(default_factory=dict)
+    ready: tuple[float, ...] = ()  # each parameter's gradient ready, fraction of the backward
+    buckets: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (bytes, parameter indices), in order
+    bucket_s: tuple[float, ...] = ()  # each bucket's all-reduce alone, slowest rank, seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"phase_ms": dict(self.phase_ms), "ready": list(self.ready)}
+        if self.phase_ms_at:
+            out["phase_ms_at"] = {str(b): dict(ms) for b, ms in self.phase_ms_at.items()}
+        if self.buckets:
+            out["buckets"] = [[size, list(params)] for size, params in self.buckets]
+            out["bucket_s"] = list(self.bucket_s)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str, fix: str) -> ScalingInputs:
+        f = Fields.of(data, where, fix)
+        phase_ms = f.floats("phase_ms", 0.0, 1e9)
+        if set(phase_ms) != set(PHASE_NAMES):
+            raise f.fail("phase_ms", f"must hold exactly {', '.join(PHASE_NAMES)}")
+        phase_ms_at = {}
+        for batch, ms in list(f.raw_dict("phase_ms_at", optional=True).items())[:64]:
+            inner = Fields.of({"ms": ms}, f"{where}.phase_ms_at", fix).floats("ms", 0.0, 1e9)
+            size = int(batch) if batch.isascii() and batch.isdigit() and len(batch) <= 9 else 0
+            if size <= 0 or set(inner) != set(PHASE_NAMES):
+                raise f.fail("phase_ms_at", f"entry {batch[:20]!r} must be a batch size and its phases")
+            phase_ms_at[size] = inner
+        ready = f.items("ready", optional=True)
+        if len(ready) > MAX_PARAMS or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0 for x in ready
+        ):
+            raise f.fail("ready", "must be a list of fractions in [0, 1]")
+        raw = f.items("buckets", optional=True)
+        seconds = f.items("bucket_s", optional=True)
+        buckets = []
+        for index, item in enumerate(raw[:MAX_PARAMS]):
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not isinstance(item[0], int)
+                or isinstance(item[0], bool)
+                or not 0 <= item[0] < 2**50
+                or not isinstance(item[1], list)
+                or not all(_index(i) for i in item[1])
+            ):
+                raise f.fail("buckets", f"entry {index} must be [bytes, [parameter indices]]")
+            buckets.append((item[0], tuple(item[1])))
+        if len(seconds) != len(buckets) or not all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and 0.0 <= s < 1e6 for s in seconds
+        ):
+            raise f.fail("bucket_s", "must hold one non-negative time per bucket")
+        return cls(
+            phase_ms=phase_ms,
+            phase_ms_at=phase_ms_at,
+            ready=tuple(float(x) for x in ready),
+            buckets=tuple(buckets),
+            bucket_s=tuple(float(s) for s in seconds),
+        )
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A DDP case's projected step and efficiency at its world size, with the parts."""
+
+    world_size: int
+    step_ms: float  # projected step
+    efficiency: float  # projected scaling efficiency
+    compute_ms: float  # per-rank compute, world size 1's scaled to this per-rank batch
+    backward_ms: float  # of which the backward, under which the all-reduce may hide
+    comm_ms: float  # every bucket's all-reduce, back to back
+    exposed_ms: float  # what of it outlasts the backward
+    buckets: int
+    ws1_step_ms: float
+    overlap: bool = True  # the all-reduce may hide under the backward (False: gloo on CPU)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "step_ms": round(self.step_ms, 4),
+            "efficiency": round(self.efficiency, 4),
+            "compute_ms": round(self.compute_ms, 4),
+            "backward_ms": round(self.backward_ms, 4),
+            "comm_ms": round(self.comm_ms, 4),
+            "exposed_ms": round(self.exposed_ms, 4),
+            "buckets": self.buckets,
+            "ws1_step_ms": round(self.ws1_step_ms, 4),
+            "overlap": self.overlap,
+        }
+
+    def describe(self, measured: float | None) -> str:
+        said = f"; measured {measured:.2f}" if measured is not None else ""
+        return (
+            f"ws{self.world_size} projected efficiency {self.efficiency:.2f}{said} (from ws1: compute "
+            f"{self.compute_ms:.1f} ms/step, backward {self.backward_ms:.1f}; all-reduce of {self.buckets} "
+            f"bucket{'s' if self.buckets != 1 else ''} {self.comm_ms:.1f} ms alone, {self.exposed_ms:.1f} ms "
+            f"of it projected exposed{'' if self.overlap else ': gloo on CPU shares the cores, no overlap'})"
+        )
+
+
+def exposed_ms(backward_ms: float, ready: Sequence[float], seconds: Sequence[float], overlap: bool) -> float:
+    """DDP's overlap: bucket k starts when its last gradient is ready (``ready[k]``, a fraction
+    of the backward) and bucket k-1 is done; what runs past the backward's end is exposed.
+    Without ``overlap`` (gloo on CPU: the collective's threads share the rank's cores with the
+    backward) every bucket's all-reduce adds to the step."""
+    if not overlap:
+        return sum(seconds) * 1e3
+    end = 0.0
+    for fraction, s in zip(ready, seconds, strict=True):
+        end = max(end, fraction * backward_ms) + s * 1e3
+    return max(0.0, end - backward_ms)
+
+
+def expected_max(samples: Sequence[float], n: int) -> float:
+    """E[max of ``n`` independent draws] from the empirical distribution of ``samples``, over
+    its median: a step that waits for every rank takes the slowest rank's time, so N ranks
+    that each jitter as world size 1 does lose this factor (order statistics, exact)."""
+    ordered = sorted(samples)
+    m = len(ordered)
+    if m == 0 or n < 2:
+        return 1.0
+    mean_max = sum(x * ((i / m) ** n - ((i - 1) / m) ** n) for i, x in enumerate(ordered, start=1))
+    return mean_max / statistics.median(ordered)
+
+
+def project(
+    ws1: Sequence[Any], wsn: Sequence[Any], ws1_batch: int, wsn_batch: int, world_size: int,
+    ws1_global: int, wsn_global: int, overlap: bool,
+) -> Projection | None:  # fmt: skip
+    """The projection from ``ws1``'s runs (RunRecords of world size 1 of the group, this session)
+    and ``wsn``'s (this case's runs); None when either lacks its inputs."""
+    one = [r for r in ws1 if r.scaling is not None]
+    many = [r.scaling for r in wsn if r.scaling is not None and r.scaling.buckets]
+    if not one or not many or world_size < 2:
+        return None
+    ws1_step_ms = math.exp(statistics.fmean(math.log(r.median_s) for r in ws1)) * 1e3
+    inputs = [r.scaling for r in one]
+    phase = {n: statistics.median(s.phase_ms[n] for s in inputs) for n in PHASE_NAMES}
+    # what world size 1's step holds beyond its compute-only phases: DDP's own work on the
+    # buckets (copies, hooks) on CPU, less the host/device overlap the drained phases lose on
+    # a GPU. A fixed cost per step, not one that shrinks with the batch: added, not scaled
+    offset = ws1_step_ms - sum(phase.values())
+    at = [s.phase_ms_at[wsn_batch] for s in inputs if wsn_batch in s.phase_ms_at]
+    if wsn_batch == ws1_batch or not at:
+        # weak scaling (the same batch), or no measurement at this batch: in proportion
+        scale = wsn_batch / ws1_batch
+        scaled = {n: phase[n] * (scale if n in BATCH_PHASES else 1.0) for n in PHASE_NAMES}
+    else:
+        scaled = {n: statistics.median(ms[n] for ms in at) for n in PHASE_NAMES}
+    compute = max(1e-6, sum(scaled.values()) + offset)
+    # each rank jitters as world size 1's steps did; the step waits for the slowest
+    steps = [x for r in one for x in r.step_s]
+    compute *= expected_max(steps, world_size)
+    backward = scaled["backward"]
+    layout = many[0].buckets
+    ready = _median_ready(inputs)
+    seconds = [statistics.median(col) for col in zip(*(s.bucket_s for s in many), strict=True)]
+    fractions = [max((ready[i] for i in params if i < len(ready)), default=1.0) for _, params in layout]
+    exposed = exposed_ms(backward, fractions, seconds, overlap)
+    step = compute + exposed
+    efficiency = (wsn_global / step) / (ws1_global / ws1_step_ms * world_size)
+    return Projection(
+        world_size=world_size, step_ms=step, efficiency=efficiency, compute_ms=compute,
+        backward_ms=backward, comm_ms=sum(seconds) * 1e3, exposed_ms=exposed, buckets=len(layout),
+        ws1_step_ms=ws1_step_ms, overlap=overlap,
+    )  # fmt: skip
+
+
+def _median_ready(inputs: Sequence[ScalingInputs]) -> list[float]:
+    lengths = {len(s.ready) for s in inputs}
+    if len(lengths) != 1:
+        return list(inputs[0].ready)
+    return [statistics.median(col) for col in zip(*(s.ready for s in inputs), strict=True)]

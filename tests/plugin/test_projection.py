@@ -1,0 +1,44 @@
+"""A DDP case's projection on real gloo ranks: world size 1 records its compute at the smaller
+batches, world size 2 its buckets and their all-reduce, and the table, the saved JSON and the
+baseline carry the projected efficiency beside the measured one. (Its accuracy is measured over
+sessions, benchmarks/projection_accuracy.py, never asserted: two shared cores are noisy.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.test_verdicts_plugin import ARGS, this_machines_baseline
+
+pytestmark = pytest.mark.timeout(500)
+
+
+def test_ws2_is_projected_from_ws1_and_the_projection_is_shown_saved_and_recorded(
+    suite: pytest.Pytester, tmp_path: Path, process_tag: str
+) -> None:
+    baselines, path = this_machines_baseline(tmp_path)
+    saved = tmp_path / "bench.json"
+    result = suite.runpytest_subprocess(
+        *ARGS, "--perf-threads-per-rank", "1", f"--perf-baselines={baselines}", "--perf-update-baselines",
+        f"--benchmark-json={saved}",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+    result.stdout.re_match_lines(
+        [r"ws2 projected efficiency \d\.\d\d; measured \d\.\d\d \(from ws1: compute .*"]
+    )
+    infos = {b["extra_info"]["case_id"]: b["extra_info"] for b in json.loads(saved.read_text())["benchmarks"]}
+    projected = infos["transformer_tiny-ddp-ws2-fp32-strong"]["projection"]
+    assert 0.0 < projected["efficiency"] < 2.0 and projected["buckets"] >= 1 and projected["comm_ms"] > 0
+    assert projected["overlap"] is False  # gloo on CPU
+    assert "projection" not in infos["transformer_tiny-ddp-ws1-fp32-strong"]
+    cases = json.loads(path.read_text())["cases"]
+    (ws1,) = cases["transformer_tiny-ddp-ws1-fp32-strong"].values()
+    (ws2,) = cases["transformer_tiny-ddp-ws2-fp32-strong"].values()
+    # ws1 measured its compute at ws2's per-rank batch; ws2 its buckets, each timed alone
+    half = str(infos["transformer_tiny-ddp-ws2-fp32-strong"]["per_rank_batch"])
+    assert half in ws1["runs"][0]["scaling"]["phase_ms_at"]
+    scaling = ws2["runs"][0]["scaling"]
+    assert len(scaling["buckets"]) == len(scaling["bucket_s"]) >= 1
+    assert sum(size for size, _ in scaling["buckets"]) > 0

@@ -1,0 +1,87 @@
+"""The DDP projection: its overlap rule, the slowest-rank factor, the whole projection on
+synthetic runs, and the stored inputs' reader."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scaleguard.evidence.document import FileFormatError
+from scaleguard.evidence.projection import ScalingInputs, expected_max, exposed_ms, project
+from tests.unit.test_verdicts import run
+
+PHASES = {"data": 0.0, "forward": 30.0, "backward": 60.0, "optimizer": 10.0}
+
+
+def test_buckets_hide_under_the_backward_until_the_last_one() -> None:
+    # three 10 ms buckets ready at 20 %, 50 % and 100 % of a 100 ms backward: the first two
+    # hide, the last starts at the end and is exposed whole
+    assert exposed_ms(100.0, [0.2, 0.5, 1.0], [0.010, 0.010, 0.010], overlap=True) == pytest.approx(10.0)
+    # a bucket queue longer than the backward: 3 x 50 ms from 10 % on ends at 160 ms
+    assert exposed_ms(100.0, [0.1, 0.1, 0.1], [0.05, 0.05, 0.05], overlap=True) == pytest.approx(60.0)
+    # gloo on CPU: nothing hides
+    assert exposed_ms(100.0, [0.2, 0.5, 1.0], [0.010, 0.010, 0.010], overlap=False) == pytest.approx(30.0)
+
+
+def test_the_slowest_of_n_ranks_costs_the_jitter_of_one() -> None:
+    steady = [1.0] * 50
+    assert expected_max(steady, 8) == pytest.approx(1.0)
+    two_valued = [1.0] * 25 + [2.0] * 25  # max of 2 draws is 2 unless both draw 1 (1/4)
+    assert expected_max(two_valued, 2) == pytest.approx((0.25 * 1 + 0.75 * 2) / 1.5)
+    assert expected_max(two_valued, 1) == 1.0
+
+
+def _with(inputs: ScalingInputs, median: float, seed: int) -> object:
+    return dataclasses.replace(run(median, seed=seed, within=0.0), scaling=inputs)
+
+
+def test_a_projection_from_ws1_compute_and_the_measured_all_reduce() -> None:
+    # ws1: 100 ms step = 100 ms of phases; at the half batch, 55 ms of compute (not 50: a
+    # small batch is less efficient, measured rather than assumed)
+    half = {"data": 0.0, "forward": 17.0, "backward": 33.0, "optimizer": 5.0}
+    one = ScalingInputs(phase_ms=PHASES, ready=(1.0, 0.5), phase_ms_at={32: half})
+    many = ScalingInputs(
+        phase_ms=half, ready=(1.0, 0.5), buckets=((4000, (1,)), (4000, (0,))), bucket_s=(0.005, 0.005)
+    )
+    ws1 = [_with(one, 0.100, seed=i) for i in range(3)]
+    ws2 = [_with(many, 0.070, seed=10 + i) for i in range(3)]
+    projected = project(ws1, ws2, 64, 32, 2, 64, 64, overlap=True)
+    assert projected is not None
+    assert projected.compute_ms == pytest.approx(55.0, rel=1e-6)
+    # bucket of parameter 1 ready at 50 % of the 33 ms backward, then parameter 0's at the end
+    assert projected.exposed_ms == pytest.approx(5.0, rel=1e-6)
+    assert projected.efficiency == pytest.approx(100.0 / (2 * 60.0), rel=1e-6)
+    serial = project(ws1, ws2, 64, 32, 2, 64, 64, overlap=False)
+    assert serial is not None and serial.exposed_ms == pytest.approx(10.0)
+    # weak scaling, no measurement at another batch: the phases as they are
+    weak = project(ws1, ws2, 64, 64, 2, 64, 128, overlap=True)
+    assert weak is not None and weak.compute_ms == pytest.approx(100.0, rel=1e-6)
+    # no inputs on either side: no projection
+    assert project([run(0.1)], ws2, 64, 32, 2, 64, 64, overlap=True) is None
+    assert project(ws1, [run(0.07)], 64, 32, 2, 64, 64, overlap=True) is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"phase_ms": {"forward": 1.0}},
+        {"phase_ms": PHASES, "ready": [2.0]},
+        {"phase_ms": PHASES, "buckets": [[10, [0]]], "bucket_s": []},
+        {"phase_ms": PHASES, "buckets": [["10", [0]]], "bucket_s": [0.1]},
+        {"phase_ms": PHASES, "buckets": [[10, [-1]]], "bucket_s": [0.1]},
+        {"phase_ms": PHASES, "phase_ms_at": {"9" * 5000: PHASES}},
+        {"phase_ms": PHASES, "phase_ms_at": {"x": PHASES}},
+        {"phase_ms": {**PHASES, "forward": float("nan")}},
+    ],
+)
+def test_stored_inputs_that_do_not_make_sense_are_refused(bad: dict) -> None:
+    with pytest.raises(FileFormatError):
+        ScalingInputs.from_dict(bad, "run.scaling", "fix it")
+
+
+def test_stored_inputs_round_trip() -> None:
+    inputs = ScalingInputs(
+        phase_ms=PHASES, ready=(0.5, 1.0), phase_ms_at={16: PHASES}, buckets=((8, (1, 0)),), bucket_s=(0.01,)
+    )
+    assert ScalingInputs.from_dict(inputs.to_dict(), "x", "y") == inputs
