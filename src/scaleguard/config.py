@@ -73,6 +73,7 @@ class PerfConfig:
     ab_plot: Path | None = None
     ab_save: Path | None = None
     slurm: SlurmOptions | None = None  # --perf-slurm: the cases run on a cluster
+    fail_below_projection: bool = False  # BELOW-PROJECTION fails the case instead of warning
 
     @property
     def paired(self) -> bool:
@@ -143,6 +144,7 @@ class PerfConfig:
             ab_plot=o.path("ab-plot"),
             ab_save=o.path("ab-save"),
             slurm=_slurm(o, matrix) if flag("slurm") else None,
+            fail_below_projection=flag("fail-below-projection"),
         )
 
 

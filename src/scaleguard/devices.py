@@ -44,6 +44,9 @@ class DeviceDefaults:
     # VM all-reduced its 3 buckets in 39 ms alone and exposed 44 ms of communication within a
     # synchronised backward (docs/measured.md). NCCL runs on its own CUDA stream
     comm_overlaps: bool
+    # the projection's own error (points of efficiency, worst seen): a case is BELOW-PROJECTION
+    # only beyond max(5 points, 3 sigma of its runs, this) (docs/measured.md, "projection")
+    projection_error: float
 
 
 # The scaling efficiency's spread between sessions (points), for a young baseline: the standard
@@ -62,7 +65,7 @@ DEVICES: dict[str, DeviceDefaults] = {
         ab_step=0.05, ab_efficiency=0.05, ab_max_pairs=10, quarantine_pause_s=20.0,
         case_timeout_s=300.0, profile="smoke", precisions=("fp32",), steps=30, warmup_min=5,
         warmup_tolerance=0.03, target_median_ci=0.0, loader_workers=0, channels_last=False,
-        comm_overlaps=False,
+        comm_overlaps=False, projection_error=0.10,
     ),
     # bs-256 ResNet-50 runs moved 0.1-0.5 % between runs and sessions on the H200, so 3 %
     # catches a 5 % slowdown; A/B pairs spread < 1 %: 6 pairs resolve 3 %
@@ -72,7 +75,7 @@ DEVICES: dict[str, DeviceDefaults] = {
         ab_step=0.03, ab_efficiency=0.03, ab_max_pairs=6, quarantine_pause_s=30.0,
         case_timeout_s=900.0, profile="full", precisions=("fp32", "bf16"), steps=50,
         warmup_min=10, warmup_tolerance=0.01, target_median_ci=0.0125, loader_workers=4,
-        channels_last=True, comm_overlaps=True,
+        channels_last=True, comm_overlaps=True, projection_error=0.05,
     ),
 }  # fmt: skip
 

@@ -191,6 +191,13 @@ OPTIONS: tuple[Option, ...] = (
         kind="flag",
         cli=(("ingest", "--update-baselines"),),
     ),
+    Option(
+        "fail-below-projection",
+        "fail a multi-rank case whose scaling efficiency stays below its projection from ws1 "
+        "(BELOW-PROJECTION) after its confirm runs; without it such a case only warns",
+        "off",
+        kind="flag",
+    ),
     Option("keep-runs", "runs kept per case and torch version in a baseline file", "10", metavar="K"),
     Option(
         "accept",

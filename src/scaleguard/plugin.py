@@ -287,7 +287,9 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             request.config.stash[STATE].config.peak_tflops,
             ledger.projection(spec.case_id),
         )
-        if verdict is not None and verdict.failed:
+        below = verdict is not None and verdict.status is Status.BELOW_PROJECTION
+        fail_below = below and request.config.stash[STATE].config.fail_below_projection
+        if verdict is not None and (verdict.failed or fail_below):
             kept = request.config.stash[STATE].keep_trace(evidence)
             pytest.fail(verdict.story + (f"; trace of the last run: {kept}" if kept else ""), pytrace=False)
         return evidence

@@ -85,3 +85,83 @@ def test_stored_inputs_round_trip() -> None:
         phase_ms=PHASES, ready=(0.5, 1.0), phase_ms_at={16: PHASES}, buckets=((8, (1, 0)),), bucket_s=(0.01,)
     )
     assert ScalingInputs.from_dict(inputs.to_dict(), "x", "y") == inputs
+
+
+def _projected(efficiency: float) -> object:
+    from scaleguard.evidence.projection import Projection
+
+    return Projection(
+        world_size=2, step_ms=50.0, efficiency=efficiency, compute_ms=48.0, backward_ms=30.0, comm_ms=2.0,
+        exposed_ms=2.0, buckets=1, ws1_step_ms=100.0, overlap=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("effs", "projected", "expected"),
+    [
+        # 30 points below with runs that agree: called
+        ([0.60, 0.61, 0.60], 0.90, "BELOW-PROJECTION"),
+        # one run, far below: called provisionally (its confirm runs settle it)
+        ([0.60], 0.90, "BELOW-PROJECTION"),
+        # 8 points below on CPU, whose projection errs by up to 10: not called
+        ([0.82, 0.82], 0.90, "NEW"),
+        # 20 points below but the runs themselves spread 10 points (3 sigma 30): not called
+        ([0.60, 0.80, 0.70], 0.90, "NEW"),
+        # at or above the projection: nothing to say
+        ([0.95, 0.95], 0.90, "NEW"),
+    ],
+)
+def test_a_case_well_below_its_projection_is_called_without_a_baseline(
+    effs: list[float], projected: float, expected: str
+) -> None:
+    from scaleguard.evidence.verdict import Status, Verdict, against_projection
+    from tests.unit.test_verdicts import case
+
+    new = case([run(0.05, seed=i, eff=e) for i, e in enumerate(effs)], ws=2)
+    verdict = against_projection(Verdict(new.case_id, Status.NEW, "NEW"), new, _projected(projected), 0.10)
+    assert verdict.status.value == expected, verdict.story
+    if expected == "BELOW-PROJECTION":
+        assert f"vs {projected:.2f} projected from ws1" in verdict.story
+        assert ("sigma unknown (1 run)" in verdict.story) is (len(effs) == 1)
+    # a case its baseline already faults keeps that verdict (its own story names the cause)
+    regressed = Verdict(new.case_id, Status.REGRESSED, "REGRESSED")
+    assert against_projection(regressed, new, _projected(projected), 0.10) is regressed
+
+
+def _ddp_runs(step_ms: float, ranks: tuple[float, ...], bucket_s: tuple[float, ...], seed: int) -> list:
+    phases = {"data": 0.0, "forward": 15.0, "backward": 30.0, "optimizer": 5.0}
+    inputs = ScalingInputs(
+        phase_ms=phases, ready=(0.5, 1.0), buckets=((4000, (1,)), (4000, (0,))), bucket_s=bucket_s,
+        rank_compute_ms=ranks,
+    )  # fmt: skip
+    return [_with(inputs, step_ms / 1e3, seed=seed + i) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("after", "named"),
+    [
+        # the all-reduce alone took 2 x 10 ms, now 2 x 20: 20 ms of a 20 ms change on CPU
+        (dict(step_ms=90.0, ranks=(50.0, 50.0), bucket_s=(0.020, 0.020)), "communication got slower"),
+        # rank 1 alone computes 20 ms more
+        (dict(step_ms=90.0, ranks=(50.0, 70.0), bucket_s=(0.010, 0.010)), "a straggler"),
+        # every rank computes 20 ms more
+        (dict(step_ms=90.0, ranks=(70.0, 70.0), bucket_s=(0.010, 0.010)), "slower compute on every rank"),
+        # neither moved, the step did: overlap lost or waiting
+        (dict(step_ms=90.0, ranks=(50.0, 50.0), bucket_s=(0.010, 0.010)), "overlap lost or waiting"),
+        # a bit of each: nothing explains more than half
+        (dict(step_ms=90.0, ranks=(57.0, 57.0), bucket_s=(0.0135, 0.0135)), None),
+    ],
+)
+def test_a_scaling_change_is_split_by_counterfactual_and_named_past_half(
+    after: dict, named: str | None
+) -> None:
+    from scaleguard.evidence.projection import explain
+
+    before = _ddp_runs(70.0, (50.0, 50.0), (0.010, 0.010), seed=0)
+    cause = explain(before, _ddp_runs(seed=10, **after), overlap=False)
+    assert cause is not None
+    assert cause.gap_ms == pytest.approx(20.0, rel=1e-6)
+    assert cause.compute_ms + cause.comm_ms + cause.rest_ms == pytest.approx(cause.gap_ms)
+    assert (cause.named or "").startswith(named or "") and (cause.named is None) is (named is None)
+    text = cause.describe("step")
+    assert ("rank 1 computes 20.0 ms/step more" in text) is (named == "a straggler"), text

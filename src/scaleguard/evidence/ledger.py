@@ -22,7 +22,15 @@ from scaleguard.evidence import baseline
 from scaleguard.evidence.baseline import BaselineFile
 from scaleguard.evidence.projection import Projection, project
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of, utc_now
-from scaleguard.evidence.verdict import CaseRule, Status, Thresholds, Verdict, decide, thresholds_for
+from scaleguard.evidence.verdict import (
+    CaseRule,
+    Status,
+    Thresholds,
+    Verdict,
+    against_projection,
+    decide,
+    thresholds_for,
+)
 
 
 @dataclass
@@ -202,6 +210,12 @@ class Ledger:
             ctx.thresholds_for(case_id),
             ws1_status=ws1,
             new_reason=ctx.reason_missing(case_id),
+        )
+        verdict = against_projection(
+            verdict,
+            self.evidence(case_id),
+            self.projection(case_id),
+            defaults_for(spec.device).projection_error,
         )
         self.verdicts[case_id] = verdict
         return verdict

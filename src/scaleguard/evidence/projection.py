@@ -47,11 +47,14 @@ class ScalingInputs:
     ready: tuple[float, ...] = ()  # each parameter's gradient ready, fraction of the backward
     buckets: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (bytes, parameter indices), in order
     bucket_s: tuple[float, ...] = ()  # each bucket's all-reduce alone, slowest rank, seconds
+    rank_compute_ms: tuple[float, ...] = ()  # every rank's compute-only step (a straggler shows)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase_ms": dict(self.phase_ms), "ready": list(self.ready)}
         if self.phase_ms_at:
             out["phase_ms_at"] = {str(b): dict(ms) for b, ms in self.phase_ms_at.items()}
+        if self.rank_compute_ms:
+            out["rank_compute_ms"] = list(self.rank_compute_ms)
         if self.buckets:
             out["buckets"] = [[size, list(params)] for size, params in self.buckets]
             out["bucket_s"] = list(self.bucket_s)
@@ -94,9 +97,15 @@ class ScalingInputs:
             isinstance(s, (int, float)) and not isinstance(s, bool) and 0.0 <= s < 1e6 for s in seconds
         ):
             raise f.fail("bucket_s", "must hold one non-negative time per bucket")
+        ranks = f.items("rank_compute_ms", optional=True)
+        if len(ranks) > MAX_PARAMS or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x < 1e9 for x in ranks
+        ):
+            raise f.fail("rank_compute_ms", "must be a list of non-negative milliseconds")
         return cls(
             phase_ms=phase_ms,
             phase_ms_at=phase_ms_at,
+            rank_compute_ms=tuple(float(x) for x in ranks),
             ready=tuple(float(x) for x in ready),
             buckets=tuple(buckets),
             bucket_s=tuple(float(s) for s in seconds),
@@ -117,6 +126,8 @@ class Projection:
     buckets: int
     ws1_step_ms: float
     overlap: bool = True  # the all-reduce may hide under the backward (False: gloo on CPU)
+    offset_ms: float = 0.0  # ws1's step beyond its compute-only phases (DDP's own work per step)
+    jitter: float = 1.0  # the slowest of N ranks over one rank's median (ws1's step spread)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +141,8 @@ class Projection:
             "buckets": self.buckets,
             "ws1_step_ms": round(self.ws1_step_ms, 4),
             "overlap": self.overlap,
+            "offset_ms": round(self.offset_ms, 4),
+            "jitter": round(self.jitter, 4),
         }
 
     def describe(self, measured: float | None) -> str:
@@ -193,8 +206,8 @@ def project(
         scaled = {n: statistics.median(ms[n] for ms in at) for n in PHASE_NAMES}
     compute = max(1e-6, sum(scaled.values()) + offset)
     # each rank jitters as world size 1's steps did; the step waits for the slowest
-    steps = [x for r in one for x in r.step_s]
-    compute *= expected_max(steps, world_size)
+    jitter = expected_max([x for r in one for x in r.step_s], world_size)
+    compute *= jitter
     backward = scaled["backward"]
     layout = many[0].buckets
     ready = _median_ready(inputs)
@@ -206,7 +219,7 @@ def project(
     return Projection(
         world_size=world_size, step_ms=step, efficiency=efficiency, compute_ms=compute,
         backward_ms=backward, comm_ms=sum(seconds) * 1e3, exposed_ms=exposed, buckets=len(layout),
-        ws1_step_ms=ws1_step_ms, overlap=overlap,
+        ws1_step_ms=ws1_step_ms, overlap=overlap, offset_ms=offset, jitter=jitter,
     )  # fmt: skip
 
 
@@ -215,3 +228,129 @@ def _median_ready(inputs: Sequence[ScalingInputs]) -> list[float]:
     if len(lengths) != 1:
         return list(inputs[0].ready)
     return [statistics.median(col) for col in zip(*(s.ready for s in inputs), strict=True)]
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A scaling change split by counterfactual: the step re-projected with one measured input
+    swapped at a time; the three parts add up to the measured change."""
+
+    gap_ms: float  # the measured step change (or the gap to the projection)
+    compute_ms: float  # the slowest rank's compute alone, swapped
+    comm_ms: float  # the all-reduce's cost alone, swapped
+    rest_ms: float  # what neither explains: overlap lost, waiting
+    straggler: tuple[int, float] | None  # (rank, ms over the others' median) when one rank alone grew
+    comm_alone: tuple[float, float]  # the buckets' all-reduce alone, before and after (ms)
+
+    @property
+    def named(self) -> str | None:
+        """The cause that explains more than half of the gap, or None."""
+        if self.gap_ms <= 0:
+            return None
+        parts = {"compute": self.compute_ms, "communication": self.comm_ms, "rest": self.rest_ms}
+        name, ms = max(parts.items(), key=lambda kv: kv[1])
+        if ms <= 0.5 * self.gap_ms:
+            return None
+        if name == "compute":
+            return "a straggler" if self.straggler else "slower compute on every rank"
+        if name == "communication":
+            return "communication got slower"
+        return "overlap lost or waiting (exposed communication grew at equal bandwidth)"
+
+    def describe(self, against: str) -> str:
+        straggler = (
+            f"; rank {self.straggler[0]} computes {self.straggler[1]:.1f} ms/step more than the others"
+            if self.straggler
+            else ""
+        )
+        named = self.named
+        verdict = f"cause: {named}" if named else "no single cause explains more than half"
+        return (
+            f"{verdict} ({against} {self.gap_ms:+.1f} ms/step = compute {self.compute_ms:+.1f} (slowest "
+            f"rank){straggler} + all-reduce alone {self.comm_ms:+.1f} ({self.comm_alone[0]:.1f} -> "
+            f"{self.comm_alone[1]:.1f} ms) + the rest {self.rest_ms:+.1f}: overlap and waiting)"
+        )
+
+
+def _slowest(inputs: ScalingInputs) -> float:
+    return max(inputs.rank_compute_ms) if inputs.rank_compute_ms else sum(inputs.phase_ms.values())
+
+
+def _side(runs: Sequence[Any]) -> tuple[list[ScalingInputs], float] | None:
+    inputs = [r.scaling for r in runs if r.scaling is not None and r.scaling.buckets]
+    if not inputs or len({len(s.bucket_s) for s in inputs}) != 1:
+        return None
+    return inputs, math.exp(statistics.fmean(math.log(r.median_s) for r in runs)) * 1e3
+
+
+def explain(old: Sequence[Any], new: Sequence[Any], overlap: bool) -> Cause | None:
+    """Why a multi-rank DDP case's step changed between two sets of runs (the baseline's and
+    tonight's, or tonight's against its projection's inputs): swap the slowest rank's compute,
+    then the buckets' all-reduce cost, into the old side's model; the rest is what is left."""
+    a, b = _side(old), _side(new)
+    if a is None or b is None:
+        return None
+    (old_in, old_step), (new_in, new_step) = a, b
+    if len(old_in[0].bucket_s) != len(new_in[0].bucket_s):
+        return None  # another bucket layout: not the same model to swap inputs in
+
+    def median_of(inputs: list[ScalingInputs]) -> tuple[float, float, list[float], list[float]]:
+        compute = statistics.median(_slowest(s) for s in inputs)
+        backward = statistics.median(s.phase_ms["backward"] for s in inputs)
+        seconds = [statistics.median(col) for col in zip(*(s.bucket_s for s in inputs), strict=True)]
+        ready = _median_ready(inputs)
+        fractions = [max((ready[i] for i in p if i < len(ready)), default=1.0) for _, p in inputs[0].buckets]
+        return compute, backward, seconds, fractions
+
+    c0, b0, m0, f0 = median_of(old_in)
+    c1, b1, m1, _ = median_of(new_in)
+
+    def model(compute: float, backward: float, seconds: list[float]) -> float:
+        return compute + exposed_ms(backward, f0, seconds, overlap)
+
+    base = model(c0, b0, m0)
+    d_compute = model(c1, b1, m0) - base
+    d_comm = model(c0, b0, m1) - base
+    gap = new_step - old_step
+    straggler = None
+    ranks = [s.rank_compute_ms for s in new_in if len(s.rank_compute_ms) >= 2]
+    if ranks:
+        per_rank = [statistics.median(col) for col in zip(*ranks, strict=True)]
+        worst = max(range(len(per_rank)), key=lambda r: per_rank[r])
+        others = statistics.median(x for r, x in enumerate(per_rank) if r != worst)
+        extra = per_rank[worst] - others
+        # one rank alone carries most of the compute change: a straggler, not slower compute
+        if d_compute > 0 and extra > 0.5 * d_compute and extra > 0.2 * others:
+            straggler = (worst, extra)
+    return Cause(
+        gap_ms=gap, compute_ms=d_compute, comm_ms=d_comm, rest_ms=gap - d_compute - d_comm,
+        straggler=straggler, comm_alone=(sum(m0) * 1e3, sum(m1) * 1e3),
+    )  # fmt: skip
+
+
+def explain_projection(projection: Projection, new: Sequence[Any]) -> Cause | None:
+    """Why a case runs below its projection: the slowest rank's measured compute swapped for the
+    projected one (from ws1); the all-reduce is tonight's in both, so what compute does not
+    explain is overlap lost and waiting."""
+    side = _side(new)
+    if side is None:
+        return None
+    inputs, step = side
+    slowest = statistics.median(_slowest(s) for s in inputs)
+    measured_compute = (slowest + projection.offset_ms) * projection.jitter
+    d_compute = measured_compute - projection.compute_ms
+    gap = step - projection.step_ms
+    straggler = None
+    ranks = [s.rank_compute_ms for s in inputs if len(s.rank_compute_ms) >= 2]
+    if ranks:
+        per_rank = [statistics.median(col) for col in zip(*ranks, strict=True)]
+        worst = max(range(len(per_rank)), key=lambda r: per_rank[r])
+        others = statistics.median(x for r, x in enumerate(per_rank) if r != worst)
+        extra = per_rank[worst] - others
+        if d_compute > 0 and extra > 0.5 * d_compute and extra > 0.2 * others:
+            straggler = (worst, extra)
+    comm = projection.comm_ms
+    return Cause(
+        gap_ms=gap, compute_ms=d_compute, comm_ms=0.0, rest_ms=gap - d_compute, straggler=straggler,
+        comm_alone=(comm, comm),
+    )  # fmt: skip

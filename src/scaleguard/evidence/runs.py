@@ -80,6 +80,18 @@ def _rank_ms(ranks: Sequence[RankResult]) -> dict[str, Any]:
     return {str(r.rank): {k: round(float(v), 4) for k, v in r.anatomy["ms"].items()} for r in ranks}
 
 
+def _scaling(spec: CaseSpec, ranks: Sequence[RankResult]) -> ScalingInputs | None:
+    """Rank 0's projection inputs, with every rank's compute-only step (a straggler's shows)."""
+    if not ranks[0].scaling:
+        return None
+    inputs = ScalingInputs.from_dict(ranks[0].scaling, f"{spec.case_id} scaling", "a scaleguard bug")
+    mine = [ScalingInputs.from_dict(r.scaling, f"{spec.case_id} rank {r.rank} scaling", "a scaleguard bug")
+            for r in ranks if r.scaling]  # fmt: skip
+    if len(mine) != len(ranks) or len(ranks) < 2:
+        return inputs
+    return replace(inputs, rank_compute_ms=tuple(round(sum(s.phase_ms.values()), 4) for s in mine))
+
+
 def _anatomy_stored(anatomy: Anatomy | None) -> dict[str, Any] | None:
     # the trace is a file of the machine that ran it: not stored with the run
     return replace(anatomy, trace=None).to_dict() if anatomy else None
@@ -205,11 +217,7 @@ class RunRecord:
             flops_per_step=ranks[0].flops_per_step,
             placement={str(r.rank): dict(r.placement) for r in ranks if r.placement},
             rank_ms=_rank_ms(ranks) if len(ranks) > 1 and not lost else {},
-            scaling=(
-                ScalingInputs.from_dict(ranks[0].scaling, f"{spec.case_id} scaling", "a scaleguard bug")
-                if ranks[0].scaling and not lost
-                else None
-            ),
+            scaling=_scaling(spec, ranks) if not lost else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

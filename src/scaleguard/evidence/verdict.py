@@ -20,6 +20,7 @@ from typing import Any
 
 from scaleguard.devices import defaults_for, kind_spread
 from scaleguard.evidence import anatomy
+from scaleguard.evidence.projection import Projection, explain, explain_projection
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.stats import Shift, run_shift
 
@@ -34,6 +35,10 @@ class Status(str, Enum):
     INCONCLUSIVE = "INCONCLUSIVE"  # looks changed, but the runs cannot tell it from their spread
     NOISY = "NOISY"  # no usable evidence: every run was throttled or disturbed
     NEW = "NEW"
+    # a multi-rank case whose efficiency stays below its projection from ws1 (evidence.projection)
+    # by more than the projection's own error: judged without a baseline, warns unless
+    # --perf-fail-below-projection
+    BELOW_PROJECTION = "BELOW-PROJECTION"
 
     # printed as its value everywhere (f-strings, %s, rich): "REGRESSED", never "Status.REGRESSED"
     def __str__(self) -> str:
@@ -559,6 +564,43 @@ def decide(
     return replace(verdict, story=story(verdict, new, old, thr, found, ws1_status))
 
 
+BELOW_PROJECTION_POINTS = 0.05  # the least gap (points of efficiency) that is called
+
+
+def against_projection(
+    verdict: Verdict, new: CaseEvidence, projection: Projection | None, projection_error: float
+) -> Verdict:
+    """A multi-rank case that no baseline faults (OK, NEW, IMPROVED) but whose measured
+    efficiency stays below what its ws1 run projects, by more than max(5 points, 3 sigma of its
+    runs' efficiencies, the projection's measured error on this device), is BELOW-PROJECTION:
+    the case scales worse than its own compute and the measured collective allow. With one run
+    its sigma is unknown: a gap beyond the other two terms calls it provisionally, and the
+    session's confirm runs settle it (``schedule.session``)."""
+    effs = new.efficiencies()
+    if projection is None or not effs or verdict.status not in (Status.OK, Status.NEW, Status.IMPROVED):
+        return verdict
+    measured = statistics.fmean(effs)
+    three_sigma = 3 * statistics.stdev(effs) if len(effs) >= 2 else 0.0
+    margin = max(BELOW_PROJECTION_POINTS, three_sigma, projection_error)
+    gap = projection.efficiency - measured
+    if gap <= margin:
+        return verdict
+    spread = (
+        f"3 sigma of {len(effs)} runs {three_sigma * 100:.1f}" if len(effs) >= 2 else "sigma unknown (1 run)"
+    )
+    was = f"; against its baseline: {verdict.status.value}" if verdict.status is not Status.NEW else ""
+    story = (
+        f"{verdict.case_id} BELOW-PROJECTION: efficiency {measured:.2f} vs {projection.efficiency:.2f} "
+        f"projected from ws1, {gap * 100:.1f} points below (called beyond max(5 points, {spread}, the "
+        f"projection's error on this device {projection_error * 100:.0f})){was}; "
+        + projection.describe(measured)
+    )
+    cause = explain_projection(projection, new.evidence)
+    if cause is not None:
+        story += "; " + cause.describe("below the projected step by")
+    return replace(verdict, status=Status.BELOW_PROJECTION, story=story)
+
+
 def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -645,6 +687,12 @@ def story(
         )
         if moved:
             parts.append(moved)
+        if new.world_size > 1:
+            # the scaling change split by counterfactual: compute, the collective alone, the rest
+            overlap = defaults_for(str(new.config.get("device", "cuda"))).comm_overlaps
+            cause = explain(old.evidence, new.evidence, overlap)
+            if cause is not None:
+                parts.append(cause.describe("step"))
     if new.world_size > 1 and verdict.status is not Status.OK:
         from scaleguard.evidence import stragglers
 

@@ -94,6 +94,11 @@ class FaultSpec:
         if isinstance(model, DistributedDataParallel):
             model.register_comm_hook(self.ms / 1e3, _delayed_allreduce_hook)
 
+    def collective_delay_s(self) -> float:
+        """``commdelay``: what each of the rank's all-reduces is delayed by, so the projection's
+        probe of the collective (``ranks.overlap``) sees the slower collective DDP's hook does."""
+        return self.ms / 1e3 if self.kind == "commdelay" else 0.0
+
     def wrap_step(
         self, step: Callable[[], torch.Tensor], rank: int, device: torch.device
     ) -> Callable[[], torch.Tensor]:

@@ -96,9 +96,12 @@ def buckets(model: nn.Module) -> tuple[tuple[int, tuple[int, ...]], ...]:
     return tuple(zip(byte_counts, params, strict=True))
 
 
-def allreduce_seconds(bucket_bytes: tuple[int, ...], device: torch.device) -> tuple[float, ...]:
+def allreduce_seconds(
+    bucket_bytes: tuple[int, ...], device: torch.device, delay_s: float = 0.0
+) -> tuple[float, ...]:
     """Each bucket's all-reduce alone (fp32 buffer of its size; median of ``PROBE_REPS``), the
-    slowest rank's: every rank must call it."""
+    slowest rank's: every rank must call it. ``delay_s``: the injected ``commdelay`` fault's
+    wait before each all-reduce, as DDP's hook waits (tests of the cause only)."""
     times = []
     for size in bucket_bytes:
         buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
@@ -109,6 +112,8 @@ def allreduce_seconds(bucket_bytes: tuple[int, ...], device: torch.device) -> tu
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             started = time.perf_counter()
+            if delay_s:
+                time.sleep(delay_s)
             dist.all_reduce(buffer)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -138,7 +143,7 @@ def smaller_batches(per_rank_batch: int) -> list[int]:
     return sizes
 
 
-def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec) -> dict[str, Any]:
+def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec, delay_s: float = 0.0) -> dict[str, Any]:
     """The projection's inputs of this rank (``evidence.projection.ScalingInputs``, as written)."""
     model = phased.model
     out: dict[str, Any] = {
@@ -151,7 +156,7 @@ def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec) -> dict[st
         found = buckets(model)
         if found:
             out["buckets"] = [[size, list(params)] for size, params in found]
-            out["bucket_s"] = list(allreduce_seconds(tuple(size for size, _ in found), device))
+            out["bucket_s"] = list(allreduce_seconds(tuple(size for size, _ in found), device, delay_s))
     return out
 
 

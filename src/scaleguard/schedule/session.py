@@ -26,7 +26,7 @@ from scaleguard.schedule import runner
 RunFn = Callable[[CaseSpec, Path, float], RunRecord]
 
 # statuses that buy confirm runs
-_UNSETTLED = (Status.REGRESSED, Status.IMPROVED, Status.INCONCLUSIVE)
+_UNSETTLED = (Status.REGRESSED, Status.IMPROVED, Status.INCONCLUSIVE, Status.BELOW_PROJECTION)
 
 
 @dataclass(frozen=True)
