@@ -421,7 +421,8 @@ def _with_anatomy(
     try:
         if fault is not None and fault.applies(rank, "anatomy", 0):
             fault.fire(device)
-        scaling = overlap.measure(phased, device, spec) if projected else {}
+        delay = fault.collective_delay_s() if fault is not None else 0.0
+        scaling = overlap.measure(phased, device, spec, delay) if projected else {}
         return replace(result, scaling=scaling, anatomy=_anatomy(spec, phased, device, files))
     except Exception as exc:  # noqa: BLE001 - any failure here is the diagnosis's, not the run's
         return replace(result, anatomy_lost=f"rank {rank}: {type(exc).__name__}: {exc}"[:500])
