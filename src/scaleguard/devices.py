@@ -45,7 +45,10 @@ class DeviceDefaults:
     # synchronised backward (docs/measured.md). NCCL runs on its own CUDA stream
     comm_overlaps: bool
     # the projection's own error (points of efficiency, worst seen): a case is BELOW-PROJECTION
-    # only beyond max(5 points, 3 sigma of its runs, this) (docs/measured.md, "projection")
+    # only beyond max(5 points, 3 sigma of its runs, this). CPU: 30 projections of the 6 default
+    # DDP ws2 cases over 5 sessions on the 2-core VM erred by a median 3.4 points, worst 24.3
+    # (decoder_tiny, whose own measured efficiency spanned 0.55-0.80 across those sessions).
+    # CUDA: not measured yet (one-GPU machines have no ws2 of their own), the 5-point floor
     projection_error: float
 
 
@@ -65,7 +68,7 @@ DEVICES: dict[str, DeviceDefaults] = {
         ab_step=0.05, ab_efficiency=0.05, ab_max_pairs=10, quarantine_pause_s=20.0,
         case_timeout_s=300.0, profile="smoke", precisions=("fp32",), steps=30, warmup_min=5,
         warmup_tolerance=0.03, target_median_ci=0.0, loader_workers=0, channels_last=False,
-        comm_overlaps=False, projection_error=0.10,
+        comm_overlaps=False, projection_error=0.25,
     ),
     # bs-256 ResNet-50 runs moved 0.1-0.5 % between runs and sessions on the H200, so 3 %
     # catches a 5 % slowdown; A/B pairs spread < 1 %: 6 pairs resolve 3 %

@@ -42,3 +42,26 @@ def test_ws2_is_projected_from_ws1_and_the_projection_is_shown_saved_and_recorde
     scaling = ws2["runs"][0]["scaling"]
     assert len(scaling["buckets"]) == len(scaling["bucket_s"]) >= 1
     assert sum(size for size, _ in scaling["buckets"]) > 0
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_a_straggler_without_a_baseline_is_below_its_projection_and_named(
+    suite: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_tag: str, gate: bool
+) -> None:
+    from scaleguard.ranks.faults import FAULT_ENV
+
+    # rank 1 waits 40 ms in every backward of a ~35 ms step: ws2 runs near half its projection
+    monkeypatch.setenv(FAULT_ENV, "slow,rank=1,at=backward,ms=40")
+    baselines, _ = this_machines_baseline(tmp_path)
+    extra = ["--perf-fail-below-projection"] if gate else []
+    result = suite.runpytest_subprocess(
+        *ARGS, "--perf-threads-per-rank", "1", f"--perf-baselines={baselines}", *extra
+    )
+    if gate:
+        result.assert_outcomes(passed=1, failed=1)
+    else:
+        result.assert_outcomes(passed=2)  # a warning: the case is not failed
+    result.stdout.re_match_lines(
+        [r".*transformer_tiny-ddp-ws2-fp32-strong BELOW-PROJECTION: efficiency 0\.\d\d vs 0\.\d\d projected from "
+         r"ws1, \d+\.\d points below .*cause: a straggler .*rank 1 computes \d+\.\d ms/step more than the others.*"]
+    )  # fmt: skip

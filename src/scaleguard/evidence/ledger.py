@@ -76,7 +76,9 @@ class BaselineContext:
 
 
 # verdicts whose runs enter the baseline without being accepted; IMPROVED restarts the entry
-_RECORDABLE = (Status.OK, Status.NEW, Status.IMPROVED)
+# BELOW-PROJECTION judges the case against its own projection, not the baseline: what it
+# measured is what this machine does, and the next night is judged against it
+_RECORDABLE = (Status.OK, Status.NEW, Status.IMPROVED, Status.BELOW_PROJECTION)
 
 
 @dataclass(frozen=True)
