@@ -83,6 +83,18 @@ class RunSettings:
         return settings
 
 
+def _collective(spec: CaseSpec) -> bool:
+    """A built-in bare collective (allreduce_*): one all-reduce is its "sample", its batch of 1
+    is not split (the matrix plans it so). Asked only of a batch that does not split, so the
+    workloads (and torch) are imported only then."""
+    if spec.workload:
+        return False
+    from scaleguard.workloads.builtins import BUILTINS
+
+    mdef = BUILTINS.get(spec.model)
+    return mdef is not None and mdef.is_collective
+
+
 @dataclass(frozen=True)
 class CaseSpec:
     """One cell of the matrix: what to train, how to parallelise it, and how to time it.
@@ -180,6 +192,6 @@ class CaseSpec:
             )
         if spec.mode == "single" and spec.world_size != 1:
             raise f.fail("world_size", f"is {spec.world_size}; a single-device case has world size 1")
-        if spec.is_distributed and spec.global_batch % spec.nprocs:
+        if spec.is_distributed and spec.global_batch % spec.nprocs and not _collective(spec):
             raise f.fail("global_batch", f"{spec.global_batch} does not split over {spec.nprocs} ranks")
         return spec

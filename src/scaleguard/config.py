@@ -68,6 +68,8 @@ class PerfConfig:
     ab_b: str | None = None  # paired A/B is on when set
     ab_env_a: tuple[tuple[str, str], ...] = ()
     ab_env_b: tuple[tuple[str, str], ...] = ()
+    ab_srun_a: tuple[str, ...] = ()  # --perf-ab-srun-args-a: side A's steps only (a container)
+    ab_srun_b: tuple[str, ...] = ()
     ab_pairs: int | None = None
     ab_markdown: Path | None = None
     ab_plot: Path | None = None
@@ -139,6 +141,8 @@ class PerfConfig:
             ab_b=text("ab-b"),
             ab_env_a=envs["a"],
             ab_env_b=envs["b"],
+            ab_srun_a=_split(text("ab-srun-args-a"), "--perf-ab-srun-args-a"),
+            ab_srun_b=_split(text("ab-srun-args-b"), "--perf-ab-srun-args-b"),
             ab_pairs=o.integer("ab-pairs") or None,
             ab_markdown=o.path("ab-markdown"),
             ab_plot=o.path("ab-plot"),
@@ -246,6 +250,12 @@ def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept:
             "--perf-share-gpu is a test mode (ranks share GPUs): its numbers are never written "
             "into a baseline; drop --perf-update-baselines"
         )
+    for side in ("a", "b"):
+        if o.text(f"ab-srun-args-{side}") is not None and (o.text("ab-b") is None or not o.flag("slurm")):
+            raise ConfigError(
+                f"--perf-ab-srun-args-{side} gives one side's Slurm steps their own arguments: it needs "
+                "--perf-slurm and a paired A/B (--perf-ab-b)"
+            )
     if o.text("ab-b") is not None and update:
         raise ConfigError("--perf-ab-b compares two installs in pairs; record baselines in a plain session")
     for name, suffixes in (("ab-markdown", ()), ("ab-plot", (".png", ".svg", ".pdf"))):
@@ -253,6 +263,14 @@ def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept:
     check_output_path(o.path("ab-save"), "--perf-ab-save", directory=True)
     if not o.flag("no-history"):
         check_output_path(o.path("history"), "--perf-history")
+
+
+def _split(text: str | None, option: str) -> tuple[str, ...]:
+    """One shell-quoted string of arguments, as a shell would split it."""
+    try:
+        return tuple(shlex.split(text or ""))
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigError(f"{option} {text!r}: {exc}") from None
 
 
 def check_output_path(

@@ -375,6 +375,18 @@ OPTIONS: tuple[Option, ...] = (
         cli=(("ab", "--a"),),
     ),
     Option(
+        "ab-srun-args-a",
+        "paired A/B on a cluster (--perf-slurm): more srun arguments for side A's steps only, one "
+        "shell-quoted string (e.g. '--container-image=nvcr.io#nvidia/pytorch:25.01-py3'); side A's "
+        "Python (--perf-ab-a) is then probed inside such a step, where it lives",
+        metavar="ARGS",
+    ),
+    Option(
+        "ab-srun-args-b",
+        "paired A/B on a cluster: more srun arguments for side B's steps only (its container)",
+        metavar="ARGS",
+    ),
+    Option(
         "ab-env-a",
         "paired A/B: an environment variable for side A's ranks only (repeatable)",
         kind="lines",

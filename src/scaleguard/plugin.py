@@ -89,7 +89,10 @@ def pytest_configure(config: pytest.Config) -> None:
         # a collection traceback later
         with usage_errors():
             state.planned()  # a matrix this machine cannot plan is a usage error now
-            state.ab_sides()  # so is a missing or torch-less B interpreter
+            if perf_config.slurm is None:
+                # so is a missing or torch-less B interpreter; on a cluster a side lives where
+                # its steps run (its container): probed in a step at its first case
+                state.ab_sides()
     if config.pluginmanager.hasplugin("benchmark"):
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
     if perf_config.slurm is not None:  # (the backend is made lazily; its kind is known now)
@@ -261,7 +264,10 @@ def perf_run(perf_session: Any, benchmark: Any, request: pytest.FixtureRequest) 
             request.config.stash[STATE].case_done(spec)
 
     def measure(spec: CaseSpec) -> Any:
-        ab_session = request.config.stash[STATE].ab_session()
+        try:
+            ab_session = request.config.stash[STATE].ab_session()
+        except ConfigError as exc:  # a cluster side that failed its probe: the user's to fix
+            pytest.exit(f"scaleguard: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         if ab_session is not None:
             try:
                 paired = ab_session.measure(spec)

@@ -230,10 +230,13 @@ class Suite:
 
             from scaleguard.schedule import ab
 
+            config = self.config
             try:
                 self._ab_sides = (
-                    ab.probe("A", self.config.ab_a or sys.executable, list(self.config.ab_env_a)),
-                    ab.probe("B", str(self.config.ab_b), list(self.config.ab_env_b)),
+                    self.backend.probe_side(
+                        "A", config.ab_a or sys.executable, config.ab_env_a, config.ab_srun_a
+                    ),
+                    self.backend.probe_side("B", str(config.ab_b), config.ab_env_b, config.ab_srun_b),
                 )
             except ab.ABInputError as exc:
                 raise ConfigError(str(exc)) from None

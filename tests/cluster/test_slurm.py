@@ -208,3 +208,50 @@ def test_ab_on_a_cluster_alternates_both_sides_on_one_allocation(
     runs = sorted((tmp_path / "shared").glob("ab-*/*/srun.log"))
     # at least the 2 pairs an A/B case needs; more when undecided (the cap is 3)
     assert len(runs) >= 4 and {p.parent.name.split(".")[-1][0] for p in runs} == {"A", "B"}
+
+
+def test_ab_sides_with_their_own_srun_arguments_are_probed_and_run_in_their_own_steps(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
+) -> None:
+    """Two container images on one allocation: each side's srun arguments reach its steps only
+    (here a CPU binding stands in for ``--container-image``, which the local Slurm lacks), and
+    each side's Python is probed inside such a step, where a container's Python lives."""
+    result = suite.runpytest_subprocess(
+        *cluster_args(
+            suite.path, tmp_path / "shared", "-k", "ws1", "--perf-ab-b", sys.executable, "--perf-ab-pairs", "2",
+            "--perf-ab-srun-args-a", "--cpu-bind=verbose,map_cpu:0",
+            "--perf-ab-srun-args-b", "--cpu-bind=verbose,map_cpu:1",
+        ),
+        timeout=500,
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert out.count("Slurm allocation ") == 1, out[-3000:]
+    result.stdout.re_match_lines(
+        [r".*side A: \S+ probed in step \d+\.\d+ with --cpu-bind=verbose,map_cpu:0: torch .*",
+         r".*side B: \S+ probed in step \d+\.\d+ with --cpu-bind=verbose,map_cpu:1: torch .*"],
+    )  # fmt: skip
+    logs = sorted((tmp_path / "shared").glob("ab-*/*/srun.log"))
+    sides = {p: p.parent.name.split(".")[-1][0] for p in logs}
+    assert len(logs) >= 4 and set(sides.values()) == {"A", "B"}
+    for log, side in sides.items():
+        text = log.read_text()
+        # srun's verbose binding: CPU 0 (mask 0x1) for A's steps, CPU 1 (mask 0x2) for B's
+        assert ("mask 0x1 set" if side == "A" else "mask 0x2 set") in text, (side, text[-800:])
+
+
+def test_a_side_whose_python_is_not_in_its_steps_is_a_usage_error_with_the_steps_words(
+    suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
+) -> None:
+    result = suite.runpytest_subprocess(
+        *cluster_args(
+            suite.path, tmp_path / "shared", "-k", "ws1", "--perf-ab-b", "/opt/image-b/bin/python",
+            "--perf-ab-srun-args-b", "--cpu-bind=map_cpu:1",
+        ),
+        timeout=300,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+    result.stdout.re_match_lines(
+        [r".*side B: the probe step \d+\.\d+ \(--cpu-bind=map_cpu:1 /opt/image-b/bin/python\).*"]
+    )
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert not queue()

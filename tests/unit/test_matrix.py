@@ -153,3 +153,19 @@ def test_every_case_asks_its_own_question() -> None:
         s for s in specs if s.model == "resnet50_cifar" and s.scaling == "weak" and s.inputs != "loader"
     ]
     assert len({s.case_id for s in specs}) == len(specs)
+
+
+def test_a_collective_case_read_from_its_file_keeps_its_batch_of_one_a_training_case_does_not() -> None:
+    """The matrix plans allreduce_4m ws2 with a global batch of 1 (one all-reduce is its sample);
+    the step's reader on a cluster node refused that file (seen on the local Slurm)."""
+    from dataclasses import replace
+
+    from scaleguard.case import CaseSpec
+    from scaleguard.evidence.document import FileFormatError
+    from tests.conftest import tiny_spec
+
+    collective = replace(tiny_spec(model="allreduce_4m", world_size=2), global_batch=1)
+    assert CaseSpec.from_dict(collective.to_dict()) == collective
+    training = replace(tiny_spec(world_size=2), global_batch=1)
+    with pytest.raises(FileFormatError, match="does not split over 2 ranks"):
+        CaseSpec.from_dict(training.to_dict())

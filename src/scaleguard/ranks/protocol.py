@@ -31,3 +31,6 @@ class Interpreter:
 
     python: str
     env: tuple[tuple[str, str], ...] = ()
+    # a cluster's side: srun arguments of its steps only (its container image); the python is
+    # then a path inside that container, probed inside a step
+    srun_args: tuple[str, ...] = ()

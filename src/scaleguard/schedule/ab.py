@@ -93,6 +93,20 @@ def probe(label: str, python: str, env: Sequence[tuple[str, str]] = ()) -> Side:
     code, out, err = run_bounded(
         [resolved, "-c", _PROBE], environ, PROBE_TIMEOUT_S, PROBE_OUTPUT_BYTES, label
     )
+    return side_from_probe(label, python, Interpreter(resolved, tuple(env)), code, out, err)
+
+
+PROBE_CODE = _PROBE  # what a side's interpreter runs to answer (also inside a Slurm step)
+
+
+def side_from_probe(
+    label: str, python: str, interpreter: Interpreter, code: int, out: bytes, err: bytes
+) -> Side:
+    """The side, from what its interpreter printed for ``PROBE_CODE`` (here or in a step).
+
+    Raises:
+        ABInputError: no probe answer, torch or scaleguard missing, a bad value.
+    """
     info = _probe_answer(out)
     if info is None:
         tail = err[-300:].decode("utf-8", "replace").strip() or "(nothing on stderr)"
@@ -126,17 +140,25 @@ def probe(label: str, python: str, env: Sequence[tuple[str, str]] = ()) -> Side:
         versions[key] = value
     if not isinstance(versions.get("torch"), str) or not ID_PATTERN.fullmatch(versions["torch"]):
         raise ABInputError(f"side {label}: {python} answered the probe without a torch version")
-    return Side(label, Interpreter(resolved, tuple(env)), versions)
+    return Side(label, interpreter, versions)
 
 
 def _probe_answer(out: bytes) -> dict[str, Any] | None:
-    """The probe's JSON object (its last line), or None for anything else."""
+    """The probe's JSON object (its last line that is one: srun may print its own lines
+    after it), or None for anything else."""
     try:
         lines = out.decode("utf-8").strip().splitlines()
-        info = json.loads(lines[-1]) if lines else None
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    except UnicodeDecodeError:
         return None
-    return info if isinstance(info, dict) else None
+    for line in reversed(lines[-50:]):
+        if not line.lstrip().startswith("{"):
+            continue
+        try:
+            info = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        return info if isinstance(info, dict) else None
+    return None
 
 
 def run_bounded(

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from scaleguard.machine.env import HostFingerprint
     from scaleguard.machine.probe import MachineSpeed
     from scaleguard.ranks.launcher import Pools
+    from scaleguard.schedule.ab import Side
     from scaleguard.schedule.matrix import MatrixOptions, PlannedCase
     from scaleguard.schedule.preflight import Preflight
     from scaleguard.schedule.slurm import NodeFacts, SlurmOptions, SlurmRunner
@@ -84,6 +85,12 @@ class Backend(Protocol):
         ...
 
     def release(self) -> None: ...
+
+    def probe_side(
+        self, label: str, python: str, env: Sequence[tuple[str, str]], srun_args: Sequence[str]
+    ) -> Side:
+        """Side A or B of a paired A/B, checked where its ranks will run (``ab.ABInputError``)."""
+        ...
 
 
 class LocalBackend:
@@ -144,6 +151,13 @@ class LocalBackend:
 
             self.pools = Pools(self.run_dir("") / "pools", isolate=self.isolate)
         return functools.partial(runner.run_once, foreign_limit_cores=self.foreign_limit, pools=self.pools)
+
+    def probe_side(
+        self, label: str, python: str, env: Sequence[tuple[str, str]], srun_args: Sequence[str]
+    ) -> Side:
+        from scaleguard.schedule import ab
+
+        return ab.probe(label, python, list(env))
 
     def wait_quiet(self, seconds: float) -> None:
         if self.foreign_limit is not None:
@@ -281,6 +295,12 @@ class SlurmBackend:
     def runner(self, paired: bool = False) -> RunFn:
         # paired A/B: both sides alternate on the same allocation, the same nodes for A and B
         return self.slurm_runner()
+
+    def probe_side(
+        self, label: str, python: str, env: Sequence[tuple[str, str]], srun_args: Sequence[str]
+    ) -> Side:
+        side: Side = self.slurm_runner().probe_side(label, python, env, srun_args)
+        return side
 
     def wait_quiet(self, seconds: float) -> None:
         return None  # the nodes' load was read in the pre-flight; runs are not watched from here

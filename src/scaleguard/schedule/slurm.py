@@ -478,6 +478,7 @@ class Allocation:
         timeout_s: float,
         log: Path,
         per_node: int | None = None,
+        extra: Sequence[str] = (),
     ) -> StepOutcome:
         """Run ``argv`` as one job step of ``ntasks`` tasks over ``nodes`` nodes, with a
         deadline; Ctrl-C (or any exception) interrupts srun, which cancels the step."""
@@ -504,6 +505,7 @@ class Allocation:
             "--quit-on-interrupt",
             *self.resources.step_args(whole_node=per_node_given),
             *self.options.srun_args,  # the site's launch: containers, --mpi, a reservation
+            *extra,  # one side's own (paired A/B: its container), after the site's: it wins
             *argv,
         ]
         started = time.monotonic()
@@ -630,6 +632,44 @@ class SlurmRunner:
             self.not_started = str(exc)
             raise NotStarted(case_id, None, str(exc), skip=self.skip_pending) from None
 
+    def probe_side(
+        self, label: str, python: str, env: Sequence[tuple[str, str]], srun_args: Sequence[str]
+    ) -> Any:
+        """Side A or B of a paired A/B, probed where its ranks will run: one task in a step of
+        the allocation with the side's own srun arguments (its container), so a Python that
+        exists only inside the container is found and its torch read there.
+
+        Raises:
+            ab.ABInputError: the step or the probe failed (named with srun's words).
+        """
+        from scaleguard.ranks.protocol import Interpreter
+        from scaleguard.schedule import ab
+
+        self.ensure_allocation(f"side {label}")
+        out = (self.preflight_dir or Path(".")) / f"probe-{label}-{self.allocation.job_id}"
+        out.mkdir(parents=True, exist_ok=True)
+        env_all = {**self._env(None), **dict(env)}
+        outcome = self.allocation.step(
+            [python, "-c", ab.PROBE_CODE], 1, 1, env_all, ab.PROBE_TIMEOUT_S, out / "srun.log", per_node=1,
+            extra=tuple(srun_args),
+        )  # fmt: skip
+        interpreter = Interpreter(python, tuple(env), tuple(srun_args))
+        if outcome.state != "COMPLETED" and ab._probe_answer(outcome.output.encode()) is None:
+            raise ab.ABInputError(
+                f"side {label}: the probe step {outcome.step_id} ({shlex.join([*srun_args, python])}) ended "
+                f"{outcome.state} (srun exit {outcome.returncode}): "
+                + inert(" | ".join(outcome.tail().splitlines()[-4:]))[:800]
+            )
+        side = ab.side_from_probe(
+            label, python, interpreter, outcome.returncode, outcome.output.encode(), b""
+        )
+        self.allocation.say(
+            f"side {label}: {python} probed in step {outcome.step_id}"
+            + (f" with {inert(shlex.join(srun_args))}" if srun_args else "")
+            + f": torch {side.versions.get('torch')}"
+        )
+        return side
+
     def run_preflight(self) -> None:
         """One task per node of the allocation reports what it sees; mixed or broken nodes
         refuse the allocation (``SlurmError``), a slow or busy node is said."""
@@ -741,7 +781,10 @@ class SlurmRunner:
                 # the transport NCCL picked between nodes (IB, Socket) goes into the run's record
                 env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
             try:
-                outcome = alloc.step(argv, nodes, spec.nprocs, env, timeout_s, run_dir / "srun.log")
+                outcome = alloc.step(
+                    argv, nodes, spec.nprocs, env, timeout_s, run_dir / "srun.log",
+                    extra=interpreter.srun_args if interpreter else (),
+                )  # fmt: skip
             except SlurmError as exc:
                 raise CaseFailedError(spec.case_id, None, str(exc)) from None
             self.used_s += outcome.wall_s * nodes
