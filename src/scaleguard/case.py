@@ -60,6 +60,13 @@ class RunSettings:
     # nodes the case's ranks span (--perf-slurm); a two-node case is another configuration than
     # a one-node case of the same world size, and is never compared with it
     nodes: int = 1
+    # world size 1 of a DDP group with larger world sizes planned to run: their per-rank batches
+    # ("16,8"), at which it measures its compute for their projection (ranks.overlap); empty:
+    # nothing to project (a one-GPU night), so nothing is measured
+    projection_batches: str = ""
+
+    def batches_to_project(self) -> tuple[int, ...]:
+        return tuple(int(b) for b in self.projection_batches.split(",") if b.isdigit() and 0 < int(b) < 10**7)
 
     @classmethod
     def from_fields(cls, f: Fields) -> RunSettings:
@@ -73,8 +80,10 @@ class RunSettings:
                 value = f.number(spec.name, 0.0, 1e9, optional=optional)
             elif spec.type == "bool":
                 value = f.flag(spec.name, bool(spec.default)) if spec.name in f.data else None
-            else:  # "str | None"
+            else:  # "str | None", "str"
                 value = f.text(spec.name, optional=True)
+                if value is not None and len(value) > 200:
+                    raise f.fail(spec.name, "is longer than 200 characters")
             if value is not None:
                 values[spec.name] = value
         settings = cls(**values)

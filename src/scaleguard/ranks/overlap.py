@@ -1,7 +1,8 @@
 """What a DDP run's scaling projection needs, measured in the rank after its measured steps.
 
-Every DDP run (world size 1 included) measures its per-rank compute phase by phase with the
-gradient all-reduce skipped (``no_sync``), and when each parameter's gradient became ready
+Every DDP run of world size > 1, and world size 1 of a group whose larger world sizes run here
+(``RunSettings.projection_batches``: also at their per-rank batches), measures its per-rank
+compute phase by phase with the gradient all-reduce skipped (``no_sync``), and when each parameter's gradient became ready
 within the backward (post-accumulate-grad hooks: host time on CPU, CUDA events on a GPU, so the
 GPU's own timeline counts, not the host running ahead). A run of world size > 1 also reads DDP's
 buckets as it rebuilt them (their bytes and parameters, in the order it reduces them) and times
@@ -130,19 +131,6 @@ def _phase_ms(phased: PhasedStep, take: int | None = None) -> dict[str, float]:
     return {name: round(statistics.median(r[name] for r in runs) * 1e3, 4) for name in runs[0]}
 
 
-def smaller_batches(per_rank_batch: int) -> list[int]:
-    """The per-rank batches of strong scaling at 2, 4 ... 64 ranks (halving while it divides,
-    at least 2 samples): compute does not shrink in proportion to the batch (a small batch
-    uses the device and the cores less well), so world size 1 measures them rather than
-    have the projection assume it."""
-    sizes: list[int] = []
-    size = per_rank_batch
-    while size % 2 == 0 and size // 2 >= 2 and len(sizes) < 6:
-        size //= 2
-        sizes.append(size)
-    return sizes
-
-
 def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec, delay_s: float = 0.0) -> dict[str, Any]:
     """The projection's inputs of this rank (``evidence.projection.ScalingInputs``, as written)."""
     model = phased.model
@@ -150,8 +138,9 @@ def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec, delay_s: f
         "phase_ms": _phase_ms(phased),
         "ready": list(ready_fractions(phased.step, model, device)),
     }
-    if spec.world_size == 1 and spec.scaling == "strong":
-        out["phase_ms_at"] = {str(b): _phase_ms(phased, b) for b in smaller_batches(spec.per_rank_batch)}
+    smaller = [b for b in spec.settings.batches_to_project() if b < spec.per_rank_batch]
+    if spec.world_size == 1 and smaller:
+        out["phase_ms_at"] = {str(b): _phase_ms(phased, b) for b in smaller}
     if spec.world_size > 1:
         found = buckets(model)
         if found:

@@ -6,6 +6,7 @@ before any process is spawned.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -181,7 +182,30 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         )
         spec = CaseSpec(**fields)
         planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
-    return planned
+    return _with_projection_batches(planned)
+
+
+def _with_projection_batches(planned: list[PlannedCase]) -> list[PlannedCase]:
+    """World size 1 of each DDP group learns the per-rank batches of the group's larger world
+    sizes that can run here, to measure its compute at each for their projection; a group
+    with none (a one-GPU night) measures nothing for it."""
+    batches: dict[str, set[int]] = {}
+    for p in planned:
+        if p.spec.mode == "ddp" and p.spec.world_size > 1 and p.skip_reason is None:
+            batches.setdefault(p.spec.group_id, set()).add(p.spec.per_rank_batch)
+    out = []
+    for p in planned:
+        wanted = batches.get(p.spec.group_id)
+        if p.spec.mode == "ddp" and p.spec.world_size == 1 and wanted:
+            text = ",".join(str(b) for b in sorted(wanted, reverse=True))
+            p = dataclasses.replace(
+                p,
+                spec=dataclasses.replace(
+                    p.spec, settings=dataclasses.replace(p.spec.settings, projection_batches=text)
+                ),
+            )
+        out.append(p)
+    return out
 
 
 def describe(planned: list[PlannedCase], gpus: GpuInventory) -> list[str]:
