@@ -169,3 +169,17 @@ def test_a_collective_case_read_from_its_file_keeps_its_batch_of_one_a_training_
     training = replace(tiny_spec(world_size=2), global_batch=1)
     with pytest.raises(FileFormatError, match="does not split over 2 ranks"):
         CaseSpec.from_dict(training.to_dict())
+
+
+def test_ws1_of_a_ddp_group_learns_the_batches_its_larger_world_sizes_will_run() -> None:
+    planned = plan(MatrixOptions(modes=("ddp",), world_sizes=(1, 2)), NO_GPU, cpu_count=2)
+    ws1 = {p.spec.case_id: p.spec for p in planned if p.spec.world_size == 1}
+    ws2 = {p.spec.group_id: p.spec for p in planned if p.spec.world_size == 2 and p.skip_reason is None}
+    assert ws2
+    for spec in ws1.values():
+        peer = ws2.get(spec.group_id)
+        expected = (peer.per_rank_batch,) if peer is not None else ()
+        assert spec.settings.batches_to_project() == expected, spec.case_id
+    # one GPU: ws2 cannot run, so world size 1 has nothing to measure for it
+    one_gpu = plan(MatrixOptions(modes=("ddp",), world_sizes=(1, 2)), ONE_GPU, cpu_count=16)
+    assert all(not p.spec.settings.batches_to_project() for p in one_gpu)
