@@ -47,7 +47,8 @@ class DeviceDefaults:
     # the projection's own error (points of efficiency, worst seen): a case is BELOW-PROJECTION
     # only beyond max(5 points, 3 sigma of its runs, this). CPU: 30 projections of the 6 default
     # DDP ws2 cases over 5 sessions on the 2-core VM erred by a median 3.4 points, worst 24.3
-    # (decoder_tiny, whose own measured efficiency spanned 0.55-0.80 across those sessions).
+    # (decoder_tiny, whose own measured efficiency spanned 0.55-0.80 across those sessions);
+    # across two local Slurm nodes, 30 more: median 4.6, worst 18.5.
     # CUDA: not measured yet (one-GPU machines have no ws2 of their own), the 5-point floor
     projection_error: float
 
