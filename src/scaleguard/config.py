@@ -110,6 +110,7 @@ class PerfConfig:
         lines: Callable[[str], Sequence[str]],
     ) -> PerfConfig:
         o = _Values(text, flag, lines)
+        _check_choices(text)
         matrix = _matrix(o)
         update = flag("update-baselines")
         accept = tuple(lines("accept"))
@@ -263,6 +264,23 @@ def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept:
     check_output_path(o.path("ab-save"), "--perf-ab-save", directory=True)
     if not o.flag("no-history"):
         check_output_path(o.path("history"), "--perf-history")
+
+
+def _check_choices(text: Callable[[str], str | None]) -> None:
+    """An option with choices takes one of them, from the command line (argparse checks) and
+    from its ini twin alike (which nothing checked: ``perf_profile = huge`` was an INTERNALERROR,
+    ``perf_device = gpu`` planned the wrong matrix)."""
+    from scaleguard.options import OPTIONS
+
+    for option in OPTIONS:
+        if option.choices is None:
+            continue
+        value = text(option.name)
+        if value is not None and value not in option.choices:
+            raise ConfigError(
+                f"--perf-{option.name} (ini: {option.dest}) takes one of {', '.join(option.choices)}, "
+                f"got {value[:60]!r}"
+            )
 
 
 def _split(text: str | None, option: str) -> tuple[str, ...]:

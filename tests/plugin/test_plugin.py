@@ -125,6 +125,19 @@ def test_ini_twins_are_read(suite: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*resnet18_cifar-ddp-ws2-fp32-strong*", "*3 tests collected*"])
 
 
+@pytest.mark.parametrize(
+    ("line", "option"), [("perf_device = gpu", "device"), ("perf_profile = huge", "profile")]
+)
+def test_an_ini_twin_goes_through_the_choices_its_option_has(
+    suite: pytest.Pytester, line: str, option: str
+) -> None:
+    suite.makeini(f"[pytest]\n{line}\n")
+    result = suite.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--perf-{option} (ini: perf_{option}) takes one of *, got '*'*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def test_under_xdist_perf_cases_skip_with_the_reason(suite: pytest.Pytester) -> None:
     result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single", "-n", "1", "-rs")
     result.stdout.fnmatch_lines(["*perf cases run serially*"])

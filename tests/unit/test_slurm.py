@@ -264,3 +264,41 @@ def test_a_failures_srun_lines_are_inert_on_the_terminal() -> None:
     outcome = slurm.StepOutcome("1.0", 1, "FAILED", 1.0, "rank says \x1b[2Jhi\nscaleguard: forged\r\n", False)
     tail = outcome.tail()
     assert "\x1b" not in tail and "\r" not in tail and "\\x1b[2Jhi" in tail
+
+
+def test_a_stray_rank_in_the_login_shell_never_reaches_a_step_and_slurms_rank_wins() -> None:
+    from scaleguard.schedule.slurm import clean_env
+    from scaleguard.schedule.torchrun_entry import _from_slurm
+
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLURM_NTASKS": "8", "SLURM_CONF": "/etc/s.conf",
+           "PATH": "/bin"}  # fmt: skip
+    assert clean_env(env) == {"SLURM_CONF": "/etc/s.conf", "PATH": "/bin"}
+    # inside the step: Slurm's task id wins over a RANK that got there anyway
+    task = {"RANK": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+            "SLURM_NTASKS_PER_NODE": "4"}  # fmt: skip
+    _from_slurm(task)
+    assert (task["RANK"], task["WORLD_SIZE"], task["LOCAL_RANK"], task["LOCAL_WORLD_SIZE"]) == (
+        "5",
+        "8",
+        "1",
+        "4",
+    )
+    # under torchrun inside a Slurm job, torchrun's own ranks stand
+    elastic = {"RANK": "3", "SLURM_PROCID": "0", "TORCHELASTIC_RUN_ID": "x"}
+    _from_slurm(elastic)
+    assert elastic["RANK"] == "3"
+
+
+def test_a_rank_variable_that_is_not_an_integer_is_said_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from scaleguard.schedule import torchrun_entry
+
+    for key in ("SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "one")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert torchrun_entry.main(["--spec", str(tmp_path / "case.json"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the rank variables must be integers, got RANK='one'" in err and "Traceback" not in err

@@ -2,16 +2,16 @@
 
 Every DDP run of world size > 1, and world size 1 of a group whose larger world sizes run here
 (``RunSettings.projection_batches``: also at their per-rank batches), measures its per-rank
-compute phase by phase with the gradient all-reduce skipped (``no_sync``), and when each parameter's gradient became ready
-within the backward (post-accumulate-grad hooks: host time on CPU, CUDA events on a GPU, so the
-GPU's own timeline counts, not the host running ahead). A run of world size > 1 also reads DDP's
-buckets as it rebuilt them (their bytes and parameters, in the order it reduces them) and times
-an all-reduce of each bucket's size alone, with nothing computing beside it: the collective's
-cost at exactly the messages this model sends (``evidence.projection`` combines these with the
-world-size-1 run of the same session).
+compute phase by phase with the gradient all-reduce skipped (``no_sync``), and when each
+parameter's gradient became ready within the backward (post-accumulate-grad hooks: host time
+on CPU, CUDA events on a GPU, so the GPU's own timeline counts, not the host running ahead). A
+run of world size > 1 also reads DDP's buckets as it rebuilt them (their bytes and parameters,
+in the order it reduces them) and times an all-reduce of each bucket's size alone, with nothing
+computing beside it: the collective's cost at exactly the messages this model sends
+(``evidence.projection`` combines these with the world-size-1 run of the same session).
 
-The cost is a few steps: ``PHASE_STEPS`` compute-only steps, one hooked step and, at world size
-> 1, ``PROBE_REPS`` all-reduces of the whole gradient, after the measured steps (never among them).
+The cost is a few steps: ``PHASE_STEPS`` compute-only steps (per batch), one hooked step and, at
+world size > 1, ``PROBE_REPS`` all-reduces of the whole gradient, after the measured steps.
 """
 
 from __future__ import annotations

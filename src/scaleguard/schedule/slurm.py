@@ -207,11 +207,19 @@ def _show(kind: str, name: str) -> dict[str, str]:
     return fields
 
 
+# torch's rendezvous variables a login shell may hold: a step's ranks take theirs from Slurm
+TORCH_RANK_VARS = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
+
+
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for salloc and srun without the SLURM_* of a job this session may run in
     (an sbatch wrapper): srun reads SLURM_NTASKS, SLURM_CPUS_PER_TASK ... as if they were its
-    own flags. SLURM_CONF (which cluster) stays."""
-    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    own flags. SLURM_CONF (which cluster) stays. A stray RANK, WORLD_SIZE ... goes too."""
+    return {
+        k: v
+        for k, v in env.items()
+        if (not k.startswith("SLURM_") or k == "SLURM_CONF") and k not in TORCH_RANK_VARS
+    }
 
 
 def hostnames(nodelist: str) -> list[str]:

@@ -60,6 +60,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except ValueError:
+        said = ", ".join(
+            f"{k}={os.environ.get(k, '')[:40]!r}"
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        )
+        print(
+            f"scaleguard.schedule.torchrun_entry: the rank variables must be integers, got {said}: "
+            "start this module with torchrun or srun",
+            file=sys.stderr,
+        )
+        return 2
     if args.spec is not None:
         try:
             spec = CaseSpec.from_fields(
@@ -111,8 +122,10 @@ _SPEC_FIX = "the session writes it: run the case again from pytest --perf-slurm"
 
 
 def _from_slurm(env: dict[str, str] | os._Environ[str]) -> None:
-    """Under ``srun`` (one task per rank): torch's RANK/WORLD_SIZE/LOCAL_RANK from Slurm's."""
-    if "RANK" in env or "SLURM_PROCID" not in env:
+    """Under ``srun`` (one task per rank): torch's RANK/WORLD_SIZE/LOCAL_RANK from Slurm's. Slurm's
+    win over a RANK already set (one exported in the login shell would make every task rank 0),
+    except under torchrun, whose workers carry TORCHELASTIC_RUN_ID and their own ranks."""
+    if "SLURM_PROCID" not in env or "TORCHELASTIC_RUN_ID" in env:
         return
     env["RANK"] = env["SLURM_PROCID"]
     env["WORLD_SIZE"] = env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1"))
