@@ -8,7 +8,7 @@ temporary directory, then runs SESSIONS judged sessions per class with one fault
 - comm: ``commdelay`` (every bucket's all-reduce waits MS: the collective got slower);
 - straggler: ``slow,rank=1,at=backward`` (one rank computes MS more);
 - compute: ``slow,at=backward`` (every rank computes MS more);
-- rest: ``slow,rank=1,at=step,pct=30`` (one rank busy 30 % of its step outside its compute and
+- rest: ``slow,rank=1,at=step,pct=PCT`` (one rank busy PCT % of its step outside its compute and
   the collective, after every step: the others wait; what "overlap lost or waiting" covers on
   CPU, where gloo has no overlap to lose).
 
@@ -33,7 +33,7 @@ CLASSES = {
     "comm": "commdelay,ms={ms}",
     "straggler": "slow,rank=1,at=backward,ms={ms}",
     "compute": "slow,at=backward,ms={ms}",
-    "rest": "slow,rank=1,at=step,pct=30",
+    "rest": "slow,rank=1,at=step,pct={pct}",
 }
 EXPECTED = {
     "none": None,
@@ -73,6 +73,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--case", default="transformer_tiny")
     parser.add_argument("--ms", type=float, default=10.0)
+    parser.add_argument("--pct", type=float, default=30.0, help="the rest class: busy percent of the step")
     parser.add_argument("--classes", default=",".join(CLASSES))
     args = parser.parse_args()
     out: Path = args.out
@@ -89,8 +90,8 @@ def main() -> int:
         for index in range(args.sessions):
             saved = out / f"{name}{index}.json"
             started = time.monotonic()
-            run(pytest_args(args.case, baselines, saved), fault.format(ms=args.ms) if fault else None,
-                out / f"{name}{index}.log")  # fmt: skip
+            injected = fault.format(ms=args.ms, pct=args.pct) if fault else None
+            run(pytest_args(args.case, baselines, saved), injected, out / f"{name}{index}.log")
             infos = {
                 b["extra_info"]["case_id"]: b["extra_info"]
                 for b in json.loads(saved.read_text())["benchmarks"]
