@@ -92,18 +92,6 @@ class RunSettings:
         return settings
 
 
-def _collective(spec: CaseSpec) -> bool:
-    """A built-in bare collective (allreduce_*): one all-reduce is its "sample", its batch of 1
-    is not split (the matrix plans it so). Asked only of a batch that does not split, so the
-    workloads (and torch) are imported only then."""
-    if spec.workload:
-        return False
-    from scaleguard.workloads.builtins import BUILTINS
-
-    mdef = BUILTINS.get(spec.model)
-    return mdef is not None and mdef.is_collective
-
-
 @dataclass(frozen=True)
 class CaseSpec:
     """One cell of the matrix: what to train, how to parallelise it, and how to time it.
@@ -201,6 +189,12 @@ class CaseSpec:
             )
         if spec.mode == "single" and spec.world_size != 1:
             raise f.fail("world_size", f"is {spec.world_size}; a single-device case has world size 1")
-        if spec.is_distributed and spec.global_batch % spec.nprocs and not _collective(spec):
-            raise f.fail("global_batch", f"{spec.global_batch} does not split over {spec.nprocs} ranks")
         return spec
+
+    def batch_problem(self, collective: bool) -> str | None:
+        """Why this case cannot run its batch (None: it can). A bare collective (``collective``:
+        the workload says so) has a batch of 1 that is never split; a training case's global
+        batch must split over its ranks. Asked where a case is run, not where a record is read."""
+        if self.is_distributed and self.global_batch % self.nprocs and not collective:
+            return f"global_batch {self.global_batch} does not split over {self.nprocs} ranks"
+        return None

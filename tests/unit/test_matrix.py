@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from scaleguard.case import CaseSpec
@@ -155,31 +157,28 @@ def test_every_case_asks_its_own_question() -> None:
     assert len({s.case_id for s in specs}) == len(specs)
 
 
-def test_a_collective_case_read_from_its_file_keeps_its_batch_of_one_a_training_case_does_not() -> None:
+def test_a_collective_case_keeps_its_batch_of_one_a_training_case_must_split_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The matrix plans allreduce_4m ws2 with a global batch of 1 (one all-reduce is its sample);
     the step's reader on a cluster node refused that file (seen on the local Slurm)."""
+    import json
     from dataclasses import replace
 
     from scaleguard.case import CaseSpec
-    from scaleguard.evidence.document import FileFormatError
+    from scaleguard.schedule import torchrun_entry
     from tests.conftest import tiny_spec
 
     collective = replace(tiny_spec(model="allreduce_4m", world_size=2), global_batch=1)
     assert CaseSpec.from_dict(collective.to_dict()) == collective
+    assert collective.batch_problem(collective=True) is None
     training = replace(tiny_spec(world_size=2), global_batch=1)
-    with pytest.raises(FileFormatError, match="does not split over 2 ranks"):
-        CaseSpec.from_dict(training.to_dict())
-
-
-def test_ws1_of_a_ddp_group_learns_the_batches_its_larger_world_sizes_will_run() -> None:
-    planned = plan(MatrixOptions(modes=("ddp",), world_sizes=(1, 2)), NO_GPU, cpu_count=2)
-    ws1 = {p.spec.case_id: p.spec for p in planned if p.spec.world_size == 1}
-    ws2 = {p.spec.group_id: p.spec for p in planned if p.spec.world_size == 2 and p.skip_reason is None}
-    assert ws2
-    for spec in ws1.values():
-        peer = ws2.get(spec.group_id)
-        expected = (peer.per_rank_batch,) if peer is not None else ()
-        assert spec.settings.batches_to_project() == expected, spec.case_id
-    # one GPU: ws2 cannot run, so world size 1 has nothing to measure for it
-    one_gpu = plan(MatrixOptions(modes=("ddp",), world_sizes=(1, 2)), ONE_GPU, cpu_count=16)
-    assert all(not p.spec.settings.batches_to_project() for p in one_gpu)
+    assert training.batch_problem(collective=False) == "global_batch 1 does not split over 2 ranks"
+    # where a case is run from its file, a training case that cannot split is refused, said
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(training.to_dict()))
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    assert torchrun_entry.main(["--spec", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "global_batch 1 does not split over 2 ranks" in capsys.readouterr().err

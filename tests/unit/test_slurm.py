@@ -170,7 +170,7 @@ def _read(values: dict[str, str], flags: set[str]) -> PerfConfig:
         ({"slurm-gpus-per-node": "h100:x"}, "takes N or TYPE:N"),
         ({"slurm-gpus-per-node": "a;b:2"}, "takes N or TYPE:N"),
         ({"device": "cuda", "slurm-ranks-per-node": "8", "slurm-gpus-per-node": "4"}, "need 8 GPUs per node"),
-        ({"slurm-gpu-bind": "socket"}, "is node or task"),
+        ({"slurm-gpu-bind": "socket"}, "takes one of node, task"),
         (
             {"slurm-ranks-per-node": "2", "slurm-gpus-per-node": "4", "slurm-gpu-bind": "task"},
             "does not match",

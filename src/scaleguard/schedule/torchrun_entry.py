@@ -81,6 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         except FileFormatError as exc:
             print(f"scaleguard.schedule.torchrun_entry: {exc}", file=sys.stderr)
             return 2
+        from scaleguard.workloads.builtins import BUILTINS
+
+        mdef = None if spec.workload else BUILTINS.get(spec.model)
+        problem = spec.batch_problem(collective=mdef is not None and mdef.is_collective)
+        if problem is not None:
+            print(
+                f"scaleguard.schedule.torchrun_entry: case file {args.spec}: {problem}; {_SPEC_FIX}",
+                file=sys.stderr,
+            )
+            return 2
         gpus = gpu_inventory()
     else:
         planned_spec = _plan_case(args, world, local_world)
