@@ -49,7 +49,9 @@ def test_a_four_node_night_asks_for_gpus_per_task_and_each_rank_records_what_it_
     assert key.startswith("slurm-cpu-") and key.endswith("-1t-2pn")
     runs = _records(suite.path / "baselines")
     assert sorted(runs) == [f"transformer_tiny-ddp-ws{n}-fp32-strong" for n in (1, 2, 4, 8)]
-    (ws8,) = runs["transformer_tiny-ddp-ws8-fp32-strong"]
+    # eight ranks time-sharing two cores scale far below what ws1 projects (BELOW-PROJECTION: a
+    # warning, with confirm runs, each recorded): every run carries its placement
+    ws8 = runs["transformer_tiny-ddp-ws8-fp32-strong"][-1]
     placement = ws8["placement"]
     assert sorted(placement, key=int) == [str(r) for r in range(8)]
     # two ranks per node, each bound to its own CPU and its own one GPU (Slurm's binding, per task)
@@ -66,7 +68,9 @@ def test_a_four_node_night_asks_for_gpus_per_task_and_each_rank_records_what_it_
     said = judged.stdout.str()
     assert "FAILED transformer_tiny" not in said and "INFRASTRUCTURE" not in said, said[-3000:]
     for ws in (1, 2, 4, 8):
-        judged.stdout.re_match_lines([rf"│ +{ws} │.*│ +(OK|REGRESSED|IMPROVED|INCONCLUSIVE|NOISY) │"])
+        judged.stdout.re_match_lines(
+            [rf"│ +{ws} │.*│ +(OK|REGRESSED|IMPROVED|INCONCLUSIVE|NOISY|BELOW-PROJECTION) │"]
+        )
 
 
 def test_gpus_per_node_let_every_rank_of_a_node_see_the_nodes_gpus(
@@ -78,7 +82,8 @@ def test_gpus_per_node_let_every_rank_of_a_node_see_the_nodes_gpus(
     )  # fmt: skip
     result = suite.runpytest_subprocess(*args, timeout=400)
     result.assert_outcomes(passed=1, deselected=1)  # ws1 and ws4 planned
-    (ws4,) = _records(suite.path / "baselines")["transformer_tiny-ddp-ws4-fp32-strong"]
+    # (four ranks on two cores may scale below their projection: confirm runs, each recorded)
+    ws4 = _records(suite.path / "baselines")["transformer_tiny-ddp-ws4-fp32-strong"][-1]
     assert [ws4["placement"][str(r)]["cuda_visible_devices"] for r in range(4)] == ["0,1"] * 4
 
 
