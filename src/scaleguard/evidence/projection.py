@@ -276,6 +276,21 @@ def _slowest(inputs: ScalingInputs) -> float:
     return max(inputs.rank_compute_ms) if inputs.rank_compute_ms else sum(inputs.phase_ms.values())
 
 
+def _straggler(inputs: Sequence[ScalingInputs], d_compute: float) -> tuple[int, float] | None:
+    """(rank, ms over the others' median) when one rank alone carries most of a compute change
+    (over half of it, and 20 % over the others): a straggler, not slower compute everywhere.
+    Runs whose rank count differs from the first's are left out (no column to align)."""
+    with_ranks = [s.rank_compute_ms for s in inputs if len(s.rank_compute_ms) >= 2]
+    ranks = [r for r in with_ranks if len(r) == len(with_ranks[0])] if with_ranks else []
+    if not ranks or d_compute <= 0:
+        return None
+    per_rank = [statistics.median(col) for col in zip(*ranks, strict=True)]
+    worst = max(range(len(per_rank)), key=lambda r: per_rank[r])
+    others = statistics.median(x for r, x in enumerate(per_rank) if r != worst)
+    extra = per_rank[worst] - others
+    return (worst, extra) if extra > 0.5 * d_compute and extra > 0.2 * others else None
+
+
 def _side(runs: Sequence[Any]) -> tuple[list[ScalingInputs], float] | None:
     inputs = [r.scaling for r in runs if r.scaling is not None and r.scaling.buckets]
     if not inputs or len({len(s.bucket_s) for s in inputs}) != 1:
@@ -312,16 +327,7 @@ def explain(old: Sequence[Any], new: Sequence[Any], overlap: bool) -> Cause | No
     d_compute = model(c1, b1, m0) - base
     d_comm = model(c0, b0, m1) - base
     gap = new_step - old_step
-    straggler = None
-    ranks = [s.rank_compute_ms for s in new_in if len(s.rank_compute_ms) >= 2]
-    if ranks:
-        per_rank = [statistics.median(col) for col in zip(*ranks, strict=True)]
-        worst = max(range(len(per_rank)), key=lambda r: per_rank[r])
-        others = statistics.median(x for r, x in enumerate(per_rank) if r != worst)
-        extra = per_rank[worst] - others
-        # one rank alone carries most of the compute change: a straggler, not slower compute
-        if d_compute > 0 and extra > 0.5 * d_compute and extra > 0.2 * others:
-            straggler = (worst, extra)
+    straggler = _straggler(new_in, d_compute)
     return Cause(
         gap_ms=gap, compute_ms=d_compute, comm_ms=d_comm, rest_ms=gap - d_compute - d_comm,
         straggler=straggler, comm_alone=(sum(m0) * 1e3, sum(m1) * 1e3),
@@ -340,15 +346,7 @@ def explain_projection(projection: Projection, new: Sequence[Any]) -> Cause | No
     measured_compute = (slowest + projection.offset_ms) * projection.jitter
     d_compute = measured_compute - projection.compute_ms
     gap = step - projection.step_ms
-    straggler = None
-    ranks = [s.rank_compute_ms for s in inputs if len(s.rank_compute_ms) >= 2]
-    if ranks:
-        per_rank = [statistics.median(col) for col in zip(*ranks, strict=True)]
-        worst = max(range(len(per_rank)), key=lambda r: per_rank[r])
-        others = statistics.median(x for r, x in enumerate(per_rank) if r != worst)
-        extra = per_rank[worst] - others
-        if d_compute > 0 and extra > 0.5 * d_compute and extra > 0.2 * others:
-            straggler = (worst, extra)
+    straggler = _straggler(inputs, d_compute)
     comm = projection.comm_ms
     return Cause(
         gap_ms=gap, compute_ms=d_compute, comm_ms=0.0, rest_ms=gap - d_compute, straggler=straggler,

@@ -663,8 +663,9 @@ class SlurmRunner:
         )  # fmt: skip
         interpreter = Interpreter(python, tuple(env), tuple(srun_args))
         if outcome.state != "COMPLETED" and ab._probe_answer(outcome.output.encode()) is None:
+            launched = inert(shlex.join([*srun_args, python]))
             raise ab.ABInputError(
-                f"side {label}: the probe step {outcome.step_id} ({shlex.join([*srun_args, python])}) ended "
+                f"side {label}: the probe step {outcome.step_id} ({launched}) ended "
                 f"{outcome.state} (srun exit {outcome.returncode}): "
                 + inert(" | ".join(outcome.tail().splitlines()[-4:]))[:800]
             )
@@ -672,7 +673,7 @@ class SlurmRunner:
             label, python, interpreter, outcome.returncode, outcome.output.encode(), b""
         )
         self.allocation.say(
-            f"side {label}: {python} probed in step {outcome.step_id}"
+            f"side {label}: {inert(python)} probed in step {outcome.step_id}"
             + (f" with {inert(shlex.join(srun_args))}" if srun_args else "")
             + f": torch {side.versions.get('torch')}"
         )
