@@ -15,7 +15,9 @@ import contextlib
 import fnmatch
 import math
 import os
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +26,7 @@ from scaleguard import options
 from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence import baseline, benchmark_io
 from scaleguard.evidence.baseline import BaselineError
-from scaleguard.evidence.document import inert
+from scaleguard.evidence.document import content_id, inert
 from scaleguard.evidence.records import FileFormatError
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Thresholds, Verdict, decide
@@ -159,7 +161,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     config = config_from(args)  # thresholds checked before any record is read
     if args.hardware_key is not None:
         baseline.check_key(args.hardware_key, "--hardware-key")
-    records = [torchrun_entry.read_finished_record(path) for path in args.files]
+    # a run's identity is its content (its job's run id, its case, its samples), never its place in
+    # this ingest: a record given twice, or ingested again beside another, counts once
+    records = []
+    seen: dict[str, Path] = {}
+    for path in args.files:
+        spec, run = torchrun_entry.read_finished_record(path)
+        ident = f"{run.session}-{content_id(spec.case_id, run.step_s)}"
+        if ident in seen:
+            print(inert(f"scaleguard ingest: {path} is the run of {seen[ident]} again; counted once"),
+                  file=sys.stderr)  # fmt: skip
+            continue
+        seen[ident] = path
+        records.append((spec, replace(run, run_id=ident)))
     db = None
     if args.history is not None:
         from scaleguard.history.database import History
@@ -196,7 +210,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     )
     ledger = Ledger(f"ingest-{first.session}", ctx)
     for spec, run in records:
-        ledger.add(spec, run, session=run.session or None)
+        ledger.add(spec, run, session=run.session or None, run_id=run.run_id)
     for spec, _ in records:
         ledger.judge(spec.case_id)
         ledger.complete(spec.case_id)
@@ -342,17 +356,23 @@ def cmd_export(args: argparse.Namespace) -> int:
             from scaleguard.evidence.records import atomic_write_text
 
             atomic_write_text(args.out, export.bmf_text(doc))
-            print(f"scaleguard export: {len(doc)} cases of {key} as BMF in {args.out}; upload with")
-            print(f"  bencher run --testbed {key} --adapter json --file {args.out}")
+            # stored text is inert on the terminal and quoted in a command a user may paste
+            print(inert(f"scaleguard export: {len(doc)} cases of {key} as BMF in {args.out}; upload with"))
+            print(inert(f"  bencher run --testbed {shlex.quote(key)} --adapter json --file "
+                        f"{shlex.quote(str(args.out))}"))  # fmt: skip
         else:
-            files = export.otava(figures)
+            made = export.otava(figures)
             args.out.mkdir(parents=True, exist_ok=True)
             from scaleguard.evidence.records import atomic_write_text
 
-            for name, text in files.items():
+            for name, text in made.files.items():
+                assert Path(name).name == name  # export.otava_file_name: never a path
                 atomic_write_text(args.out / name, text)
-            print(f"scaleguard export: {len(files) - 1} cases as Otava CSV in {args.out}; analyse with")
-            print(f"  cd {args.out} && OTAVA_CONFIG=otava.yaml otava analyze <test>")
+            n_cases = len(made.files) - 1
+            print(inert(f"scaleguard export: {n_cases} cases as Otava CSV in {args.out}; analyse with"))
+            print(inert(f"  cd {shlex.quote(str(args.out))} && OTAVA_CONFIG=otava.yaml otava analyze <test>"))
+            if made.untimed:
+                print(f"  {made.untimed} nights without a valid recorded time left out (Otava needs a time)")
     except export.ExportError as exc:
         raise UsageProblem(str(exc)) from None
     return 0

@@ -112,7 +112,8 @@ def test_otava_csv_has_one_file_per_case_and_a_config_otava_reads(tmp_path: Path
         rows = list(csv.DictReader(io.StringIO((out / test["file"]).read_text())))
         assert len(rows) == 16 and all(r["step_ms"] and r["time"].endswith("+00:00") for r in rows)
         assert set(test["metrics"]) <= set(rows[0])
-    steps = [float(r["step_ms"]) for r in csv.DictReader((out / f"{KEY}__m-ddp-ws1-fp32-strong.csv").open())]
+    name = export.otava_file_name(KEY, "m-ddp-ws1-fp32-strong")
+    steps = [float(r["step_ms"]) for r in csv.DictReader((out / name).open())]
     assert [p.index for p in history.change_points([s / 1e3 for s in steps])] == [8]
 
 
@@ -121,10 +122,64 @@ def test_stored_text_cannot_become_a_formula_or_a_row(tmp_path: Path) -> None:
         replace(r, torch='=HYPERLINK("http://x")\n2.14', session=f"@{r.session}")
         for r in export.rows_of_cases(nights([0.1, 0.1]), KEY)
     ]
-    files = export.otava(export.nights(rows))
-    text = files[f"{KEY}__m-ddp-ws1-fp32-strong.csv"]
+    made = export.otava(export.nights(rows))
+    text = made.files[export.otava_file_name(KEY, "m-ddp-ws1-fp32-strong")]
     parsed = list(csv.reader(io.StringIO(text)))
     assert len(parsed) == 3 and parsed[1][1].startswith("'=") and parsed[1][3].startswith("'@")
+
+
+def test_a_stored_time_that_is_no_time_is_left_out_never_a_formula() -> None:
+    rows = export.rows_of_cases(nights([0.1, 0.1, 0.1]), KEY)
+    bad = {"night000": '=HYPERLINK("http://x")', "night001": ""}
+    rows = [replace(r, recorded_at=bad.get(r.session, r.recorded_at)) for r in rows]
+    made = export.otava(export.nights(rows))
+    (name,) = [n for n in made.files if n.endswith(".csv")]
+    times = [r["time"] for r in csv.DictReader(io.StringIO(made.files[name]))]
+    assert made.untimed == 2 and len(times) == 1 and times[0].endswith("+00:00") and "=" not in times[0]
+    with pytest.raises(export.ExportError, match="2 nights carry no valid recorded time"):
+        export.otava(export.nights([r for r in rows if r.session in bad]))
+
+
+@pytest.mark.parametrize(
+    ("key", "case_id"),
+    [
+        ("../../up", "m-ddp-ws1"),
+        ("/etc", "passwd"),
+        (KEY, "../../../x"),
+        (KEY, "a/../../b"),
+        ("k" * 200, "c" * 200),
+    ],
+)
+def test_an_otava_file_never_lands_outside_out(tmp_path: Path, key: str, case_id: str) -> None:
+    db = tmp_path / "h.sqlite"
+    crafted = [replace(e, case_id=case_id) for e in nights([0.1, 0.1])]
+    with history.History(db) as h:
+        h.append(crafted, key, "suite")
+    out = tmp_path / "deep" / "out"
+    assert cli_main(["export", "--format", "otava", "--history", str(db), "--out", str(out)]) == 0
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() and "sqlite" not in p.name}
+    assert written and all(p.parent == Path("deep/out") and len(p.name) < 200 for p in written), written
+
+
+def test_two_cases_whose_joined_names_meet_get_two_files() -> None:
+    rows = [*export.rows_of_cases(nights([0.1]), "cpu-a"), *export.rows_of_cases(nights([0.2]), "cpu-a__b")]
+    rows = [replace(rows[0], case_id="b__m"), replace(rows[1], case_id="m")]
+    made = export.otava(export.nights(rows))
+    assert len(made.files) == 3 and made.files["otava.yaml"].count("file:") == 2
+
+
+def test_the_suggested_commands_quote_and_neutralise_stored_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = "cpu-x; rm -rf ~ \x1b[31m"
+    db = tmp_path / "h.sqlite"
+    with history.History(db) as h:
+        h.append(nights([0.1, 0.1]), key, "suite")
+    assert (
+        cli_main(["export", "--format", "bmf", "--history", str(db), "--out", str(tmp_path / "b.json")]) == 0
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if "bencher run" in x)
+    assert "\x1b" not in line and "--testbed 'cpu-x; rm -rf ~ " in line
 
 
 def test_bmf_refuses_what_bencher_would(tmp_path: Path) -> None:

@@ -89,3 +89,35 @@ def test_a_schema_2_record_still_ingests(tmp_path: Path, capsys: pytest.CaptureF
     assert run.anatomy is not None and run.notes == tuple(data["notes"])
     assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 0
     assert "1 cases recorded" in capsys.readouterr().out
+
+
+def test_a_run_given_twice_or_ingested_again_counts_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scaleguard.evidence import baseline
+    from scaleguard.history import database as history
+
+    record = write_run(tmp_path)
+    base, db = tmp_path / "b", tmp_path / "h.sqlite"
+    common = ["--baselines", str(base), "--update-baselines", "--history", str(db)]
+    assert cli_main(["ingest", str(record), str(record), *common]) == 0
+    assert "counted once" in capsys.readouterr().err
+    assert cli_main(["ingest", str(record), *common]) == 0  # the same run, a second ingest
+    (path,) = base.glob("*.json")
+    loaded = baseline.load(path)
+    assert loaded is not None
+    (entry,) = [e for by_torch in loaded.cases.values() for e in by_torch.values()]
+    with history.History(db, readonly=True) as h:
+        assert len(entry.runs) == 1 and len(h.rows()) == 1
+
+
+def test_a_records_device_name_reaches_the_terminal_inert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = write_run(tmp_path)
+    data = json.loads(record.read_text())
+    data["run"]["device_name"] = "cpu\x1b[2J\x1b]0;owned\x07"
+    record.write_text(json.dumps(data))
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 0
+    out = capsys.readouterr()
+    assert "\x1b" not in out.out + out.err and "\x07" not in out.out + out.err

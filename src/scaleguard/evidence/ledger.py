@@ -108,14 +108,17 @@ class Ledger:
         # the session's machine probe (scaleguard.machine.probe), stored with every run
         self.machine: dict[str, Any] = {}
 
-    def add(self, spec: CaseSpec, run: RunRecord, session: str | None = None) -> RunRecord:
-        """Name one run of ``spec`` (``<session>-<n>``), stamp it with the commit and the session's
-        machine probe, and keep it (efficiency is attached when the evidence is read)."""
+    def add(
+        self, spec: CaseSpec, run: RunRecord, session: str | None = None, run_id: str | None = None
+    ) -> RunRecord:
+        """Name one run of ``spec`` (``<session>-<n>``, or ``run_id`` where the run's identity comes
+        from its content: an ingested record), stamp it with the commit and the session's machine
+        probe, and keep it (efficiency is attached when the evidence is read)."""
         self._runs += 1
         session = session or self.session_id
         run = replace(
             run,
-            run_id=f"{session}-{self._runs}",
+            run_id=run_id or f"{session}-{self._runs}",
             session=session,
             recorded_at=utc_now(),
             commit=self.baselines.commit if self.baselines else None,

@@ -16,6 +16,7 @@ Pure formatting over history rows: nothing here reads a file or the database.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -23,6 +24,7 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from scaleguard.evidence.runs import CaseEvidence
@@ -195,13 +197,29 @@ OTAVA_METRICS = (  # column, Otava direction (1: higher is better, -1: lower is 
 )
 
 
-def otava(figures: Sequence[NightFigures]) -> dict[str, str]:
-    """{file name: text}: one CSV per hardware key and case, and ``otava.yaml`` declaring them."""
+@dataclass(frozen=True)
+class OtavaExport:
+    """Otava's files ({plain file name: text}) and the nights left out for want of a valid time."""
+
+    files: dict[str, str]
+    untimed: int
+
+
+def otava(figures: Sequence[NightFigures]) -> OtavaExport:
+    """One CSV per hardware key and case, and ``otava.yaml`` declaring them. A night without a
+    valid recorded time has no place on Otava's time axis and is left out (and counted)."""
     by_case: dict[tuple[str, str], list[NightFigures]] = {}
+    untimed = 0
     for night in figures:
+        if _iso(night.recorded_at) is None:
+            untimed += 1
+            continue
         by_case.setdefault((night.hardware_key, night.case_id), []).append(night)
     if not by_case:
-        raise ExportError("no runs to export (check --case and --hardware-key)")
+        raise ExportError(
+            "no runs to export (check --case and --hardware-key)"
+            + (f"; {untimed} nights carry no valid recorded time" if untimed else "")
+        )
     files: dict[str, str] = {}
     tests: list[str] = []
     for (key, case_id), case_nights in sorted(by_case.items()):
@@ -215,13 +233,14 @@ def otava(figures: Sequence[NightFigures]) -> dict[str, str]:
         }
         # Otava's reader takes no empty cell: a metric some night lacks is left out of the file
         columns = [(c, d) for c, d in OTAVA_METRICS if all(v is not None for v in values[c])]
-        name = f"{key}__{case_id}.csv"
+        name = otava_file_name(key, case_id)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["time", "torch", "torch_git", "session", *(c for c, _ in columns)])
         for i, night in enumerate(case_nights):
             writer.writerow(
-                [_iso(night.recorded_at), _cell(night.torch), _cell(night.torch_git), _cell(night.session)]
+                [_iso(night.recorded_at) or "", _cell(night.torch), _cell(night.torch_git)]
+                + [_cell(night.session)]
                 + [f"{values[c][i] or 0.0:.6g}" for c, _ in columns]
             )
         files[name] = buffer.getvalue()
@@ -234,12 +253,30 @@ def otava(figures: Sequence[NightFigures]) -> dict[str, str]:
         "# written by `scaleguard export --format otava`; run Otava from this directory:\n"
         "#   OTAVA_CONFIG=otava.yaml otava analyze <test name>\ntests:\n" + "".join(tests)
     )
-    return files
+    return OtavaExport(files, untimed)
 
 
-def _iso(recorded_at: str) -> str:
-    """A time Otava's parser reads: the stored ISO time, with the zone made explicit."""
-    return recorded_at if re.search(r"(Z|[+-]\d\d:\d\d)$", recorded_at) else recorded_at + "+00:00"
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def otava_file_name(key: str, case_id: str) -> str:
+    """A plain file name for one (hardware key, case): letters, digits, ``._-`` only (a stored key
+    or case id holding ``/``, ``..`` or a leading ``/`` cannot name a path outside ``--out``),
+    bounded in length, and made distinct by a digest of the pair (``cpu-a`` + ``b__m`` and
+    ``cpu-a__b`` + ``m`` would otherwise share one file)."""
+    slug = _UNSAFE_IN_NAME.sub("_", f"{key}__{case_id}").strip("._-")[:160] or "case"
+    digest = hashlib.sha256(f"{key}\0{case_id}".encode()).hexdigest()[:10]
+    return f"{slug}-{digest}.csv"
+
+
+def _iso(recorded_at: str) -> str | None:
+    """A time Otava's parser reads (ISO 8601 with an explicit zone, UTC where none was stored), or
+    None where the stored text is no time at all (a formula, an empty cell)."""
+    try:
+        when = datetime.fromisoformat(recorded_at)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).isoformat()
 
 
 def _cell(text: str) -> str:

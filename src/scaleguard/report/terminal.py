@@ -104,7 +104,8 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
         first = ledger.specs[case_ids[0]]
         device_name = ledger.records[case_ids[0]][-1].device_name
         table = Table(
-            title=f"{group_id}  ({first.device}, profile {first.profile}, {device_name})",
+            # a device name comes from a record (ingest): inert, as every stored text printed
+            title=inert(f"{group_id}  ({first.device}, profile {first.profile}, {device_name})"),
             title_justify="left",
         )
         for column in COLUMNS:
