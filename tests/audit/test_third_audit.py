@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -394,9 +395,18 @@ def test_bisect_refuses_the_same_build_as_good_and_bad() -> None:
     assert "same interpreter" in said[-1]
 
 
-def test_a_probe_refused_by_pytest_is_a_usage_error_not_not_found(tmp_path: Path) -> None:
+def _same_python_elsewhere(tmp_path: Path) -> Path:
+    """This interpreter under another path. A wrapper, not a symlink: a venv's python reached
+    through a link outside the venv finds no ``pyvenv.cfg`` and runs as the base python, which has
+    no torch (the suite must pass from a venv as users install it)."""
     other = tmp_path / "python"
-    other.symlink_to(sys.executable)
+    other.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    other.chmod(0o755)
+    return other
+
+
+def test_a_probe_refused_by_pytest_is_a_usage_error_not_not_found(tmp_path: Path) -> None:
+    other = _same_python_elsewhere(tmp_path)
     said: list[str] = []
     code = bisect.main([sys.executable, str(other)], [str(tmp_path), "--no-such-option"], out=said.append)
     assert code == 2 and "pytest arguments" in said[-1], said
@@ -411,8 +421,7 @@ def test_hangs():
 
 def test_sigterm_to_bisect_stops_its_probe_and_removes_its_temp_dir(tmp_path: Path, process_tag: str) -> None:
     (tmp_path / "test_hang.py").write_text(HANGING)
-    other = tmp_path / "python"
-    other.symlink_to(sys.executable)
+    other = _same_python_elsewhere(tmp_path)
     temp = tmp_path / "tmp"
     temp.mkdir()
     child = subprocess.Popen(
