@@ -75,16 +75,22 @@ def judge_all(
     return rows
 
 
-def config_from(args: argparse.Namespace) -> PerfConfig:
+def config_from(args: argparse.Namespace, writes_history: bool = True) -> PerfConfig:
     """The suite's configuration from this command's arguments (``--threshold-step`` is
-    ``--perf-threshold-step`` here), read by the suite's one reader."""
+    ``--perf-threshold-step`` here), read by the suite's one reader. A command that only views a
+    history (``history``, ``export``) never writes it: a colleague's read-only file is viewable."""
 
     def text(name: str) -> str | None:
         value = getattr(args, name.replace("-", "_"), None)
         return None if value is None else str(value)
 
+    def flag(name: str) -> bool:
+        if name == "no-history" and not writes_history:
+            return True
+        return bool(getattr(args, name.replace("-", "_"), False))
+
     try:
-        return PerfConfig.read(text, lambda name: bool(getattr(args, name.replace("-", "_"), False)))
+        return PerfConfig.read(text, flag)
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
 
@@ -174,11 +180,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             continue
         seen[ident] = path
         records.append((spec, replace(run, run_id=ident)))
-    db = None
-    if args.history is not None:
-        from scaleguard.history.database import History
-
-        db = History(args.history)  # opened (and checked) before anything is judged or written
     records.sort(key=lambda r: (r[0].group_id, r[0].world_size))
     first_spec, first = records[0]
     hardware_key = args.hardware_key or baseline.hardware_key(
@@ -189,6 +190,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         first.device_name,
         first_spec.settings.threads_per_rank,
     )
+    # a key made from a record's device name: a file name and a history key, checked as both
+    baseline.check_key(hardware_key, "the hardware key made from the records' device (give --hardware-key)")
+    db = None
+    if args.history is not None:
+        from scaleguard.history.database import History
+
+        db = History(args.history)  # opened (and checked) before anything is judged or written
     if not args.baselines.is_dir() and not args.update_baselines:
         raise UsageProblem(
             f"--baselines {args.baselines} is not a directory (add --update-baselines to create it)"
@@ -271,6 +279,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             if key is None:
                 raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
             batches.append((cases, key, "import", None, None))
+        history.appendable(batches, path)  # refused before the file exists: nothing left behind
         with history.History(path) as db:
             added = db.append_many(batches)  # one transaction: all files land, or none
         print(f"scaleguard history: {added} new runs from {len(files)} files into {path}")
@@ -287,7 +296,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.html is not None:
         from scaleguard.report import page as history_page
 
-        history_page.write(args.html, rows, config_from(args).thresholds)
+        history_page.write(args.html, rows, config_from(args, writes_history=False).thresholds)
         print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
     groups: dict[tuple[str, str], list[history.HistoryRow]] = {}
     for row in rows:
@@ -296,7 +305,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"scaleguard history {path}: no runs match")
         return 0
     out = inert
-    settings = config_from(args).thresholds  # --threshold-step: the smallest change of level shown
+    # --threshold-step: the smallest change of level shown
+    settings = config_from(args, writes_history=False).thresholds
     for (key, case_id), case_rows in sorted(groups.items()):
         nights = history.nightly(case_rows)
         print(f"{out(case_id)}  ({out(key)}, {len(nights)} nights, {len(case_rows)} runs)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -140,6 +141,17 @@ def test_a_stored_time_that_is_no_time_is_left_out_never_a_formula() -> None:
         export.otava(export.nights([r for r in rows if r.session in bad]))
 
 
+def _hostile_history(tmp_path: Path, key: str, case_id: str) -> Path:
+    """A history whose stored key and case id were written by another tool (scaleguard's own
+    append refuses both): what a view must still read without harm."""
+    db = tmp_path / "h.sqlite"
+    with history.History(db) as h:
+        h.append(nights([0.1, 0.1]), KEY, "suite")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET hardware_key = ?, case_id = ?", (key, case_id))
+    return db
+
+
 @pytest.mark.parametrize(
     ("key", "case_id"),
     [
@@ -151,10 +163,7 @@ def test_a_stored_time_that_is_no_time_is_left_out_never_a_formula() -> None:
     ],
 )
 def test_an_otava_file_never_lands_outside_out(tmp_path: Path, key: str, case_id: str) -> None:
-    db = tmp_path / "h.sqlite"
-    crafted = [replace(e, case_id=case_id) for e in nights([0.1, 0.1])]
-    with history.History(db) as h:
-        h.append(crafted, key, "suite")
+    db = _hostile_history(tmp_path, key, case_id)
     out = tmp_path / "deep" / "out"
     assert cli_main(["export", "--format", "otava", "--history", str(db), "--out", str(out)]) == 0
     written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() and "sqlite" not in p.name}
@@ -172,9 +181,7 @@ def test_the_suggested_commands_quote_and_neutralise_stored_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = "cpu-x; rm -rf ~ \x1b[31m"
-    db = tmp_path / "h.sqlite"
-    with history.History(db) as h:
-        h.append(nights([0.1, 0.1]), key, "suite")
+    db = _hostile_history(tmp_path, key, "m-ddp-ws1-fp32-strong")
     assert (
         cli_main(["export", "--format", "bmf", "--history", str(db), "--out", str(tmp_path / "b.json")]) == 0
     )

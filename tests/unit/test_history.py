@@ -165,3 +165,88 @@ def test_a_fifo_a_device_or_a_hand_edited_history_is_refused(
     conn.close()
     assert cli_main(["history", "--history", str(path)]) == 2
     assert "median step of the wrong type" in capsys.readouterr().err
+
+
+def test_what_a_view_would_refuse_is_never_appended(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    for key, cases, says in (
+        ("cuda-" + "x" * 450, nights([0.1]), "not a hardware key"),
+        ("../../up", nights([0.1]), "not a hardware key"),
+        (KEY, [replace(nights([0.1])[0], case_id="a b")], "case id"),
+        (KEY, [replace(nights([0.1])[0], versions={"torch": "9" * 500})], "torch"),
+    ):
+        with history.History(path) as db, pytest.raises(history.HistoryError, match=says):
+            db.append(cases, key, "suite")
+    with history.History(path, readonly=True) as db:
+        assert db.rows() == []
+
+
+def test_two_machines_runs_sharing_run_ids_are_all_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = []
+    for key in ("cpu-host-a-1t", "cpu-host-b-1t"):
+        f = tmp_path / f"{key}.json"
+        baseline.update(f, key, {}, nights([0.1, 0.1, 0.1]))  # the same run ids on both
+        files.append(str(f))
+    path = tmp_path / "h.sqlite"
+    assert cli_main(["history", "import", *files, "--history", str(path)]) == 0
+    assert "12 new runs from 2 files" in capsys.readouterr().out
+
+
+def test_a_schema_1_history_is_migrated_with_every_row(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(history._MIGRATIONS[1] + "PRAGMA user_version = 1;")
+    conn.close()
+    with history.History(path) as db:  # takes it to schema 2 (empty): then a schema-1 row written
+        pass
+    conn = sqlite3.connect(path)
+    conn.executescript("DROP TABLE runs;" + history._MIGRATIONS[1] + "PRAGMA user_version = 1;")
+    conn.close()
+    with history.History(path) as db:
+        assert db.append(nights([0.1, 0.1]), KEY, "suite") == 4
+    # the old layout with rows: made by hand as schema 1 made it, then opened by this scaleguard
+    old = tmp_path / "old.sqlite"
+    with history.History(path, readonly=True) as db:
+        rows = db._db.execute("SELECT * FROM runs").fetchall()
+    conn = sqlite3.connect(old)
+    conn.executescript(history._MIGRATIONS[1] + "PRAGMA user_version = 1;")
+    conn.executemany("INSERT INTO runs VALUES (" + ", ".join("?" * 21) + ")", rows)
+    conn.commit()
+    conn.close()
+    with history.History(old) as db:
+        assert int(db._db.execute("PRAGMA user_version").fetchone()[0]) == history.SCHEMA
+        assert len(db.rows()) == 4
+        assert db.append(nights([0.1, 0.1]), "cpu-other-1t", "suite") == 4  # same ids, another key
+
+
+def test_a_refused_import_leaves_no_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "b.json"
+    # a baseline may hold a 500-character git id (versions take up to 4096), a history 400
+    baseline.update(
+        f, KEY, {}, [replace(nights([0.1])[0], versions={"torch": "2.14.1", "torch_git": "a" * 500})]
+    )
+    path = tmp_path / "new.sqlite"
+    assert cli_main(["history", "import", str(f), "--history", str(path)]) == 2
+    assert not path.exists() and "nothing was written" in capsys.readouterr().err
+
+
+def test_a_history_this_user_cannot_write_is_still_viewed_and_exported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "h.sqlite"
+    with history.History(path) as db:
+        db.append(nights([0.1, 0.1]), KEY, "suite")
+    real_access = os.access
+
+    def no_write(p: object, mode: int, **kw: object) -> bool:  # a colleague's file, as root is not
+        if mode & os.W_OK and str(p).startswith(str(path)):
+            return False
+        return real_access(p, mode)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", no_write)
+    assert cli_main(["history", "--history", str(path)]) == 0
+    assert "2 nights" in capsys.readouterr().out
+    out = tmp_path / "otava"
+    assert cli_main(["export", "--format", "otava", "--history", str(path), "--out", str(out)]) == 0

@@ -121,3 +121,25 @@ def test_a_records_device_name_reaches_the_terminal_inert(
     assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 0
     out = capsys.readouterr()
     assert "\x1b" not in out.out + out.err and "\x07" not in out.out + out.err
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "says"),
+    [
+        ("device_name", "x" * 450, "not a hardware key"),
+        ("runtime", {"torch": "2.14 evil"}, "is no version"),
+        ("settings", {"threads_per_rank": "x"}, "not a count of threads"),
+    ],
+)
+def test_a_record_the_baseline_or_history_would_refuse_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, value: object, says: str
+) -> None:
+    record = write_run(tmp_path)
+    data = json.loads(record.read_text())
+    data["run"][where] = value
+    record.write_text(json.dumps(data))
+    db, base = tmp_path / "h.sqlite", tmp_path / "b"
+    args = ["ingest", str(record), "--baselines", str(base), "--update-baselines", "--history", str(db)]
+    assert cli_main(args) == 2
+    assert says in capsys.readouterr().err
+    assert not db.exists() and not list(base.glob("*.json"))

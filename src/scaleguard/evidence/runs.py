@@ -17,7 +17,10 @@ import numpy as np
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.anatomy import Anatomy
 from scaleguard.evidence.document import (
+    ID_PATTERN,
+    MAX_ID_CHARS,
     Fields,
+    FileFormatError,
     content_id,
     read_byte_counts,
     read_flag,
@@ -390,10 +393,32 @@ def read_run_file(data: Any, where: str, fix: str) -> tuple[CaseSpec, RunRecord]
     reads as the same run."""
     f = Fields.of(data, where, fix)
     if "run" not in f.data and "step_s" in f.data:
-        return _schema2_run_file(f)
-    f.known(_RUN_FILE_FIELDS)
-    spec = CaseSpec.from_fields(f.obj("spec"))
-    return spec, RunRecord.from_dict(f.obj("run").data, f"{where}.run", fix)  # "field 'run' is missing"
+        spec, run = _schema2_run_file(f)
+    else:
+        f.known(_RUN_FILE_FIELDS)
+        spec = CaseSpec.from_fields(f.obj("spec"))
+        run = RunRecord.from_dict(f.obj("run").data, f"{where}.run", fix)  # "field 'run' is missing"
+    _check_as_a_baseline_reads(run, where, fix)
+    return spec, run
+
+
+def _check_as_a_baseline_reads(run: RunRecord, where: str, fix: str) -> None:
+    """What the baseline and the history will refuse, refused at read: a torch version that is
+    no id (it keys the baseline's entry), threads that are no count. Accepted here, such a run
+    was judged, then refused at the baseline write as "a scaleguard bug" after it had already
+    landed in the history."""
+    torch = run.runtime.get("torch")
+    if torch is not None and not ID_PATTERN.fullmatch(torch):
+        raise FileFormatError(
+            f"{where}: the run's torch version {torch[:60]!r} is no version (1-{MAX_ID_CHARS} printable "
+            f"characters without spaces); {fix}"
+        )
+    threads = run.settings.get("threads_per_rank")
+    if threads is not None and (type(threads) is not int or not 1 <= threads <= 4096):
+        raise FileFormatError(
+            f"{where}: the run's settings.threads_per_rank is {str(threads)[:20]!r}, not a count of "
+            f"threads (1-4096); {fix}"
+        )
 
 
 def _schema2_run_file(f: Fields) -> tuple[CaseSpec, RunRecord]:

@@ -37,7 +37,7 @@ from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.history.changepoints import detect
 
-SCHEMA = 1  # PRAGMA user_version; migrations below take older files forward
+SCHEMA = 2  # PRAGMA user_version; migrations below take older files forward
 LOCK_TIMEOUT_S = 60.0
 
 _MIGRATIONS: dict[int, str] = {
@@ -61,6 +61,34 @@ _MIGRATIONS: dict[int, str] = {
         verdict TEXT,
         record TEXT NOT NULL
     );
+    CREATE INDEX IF NOT EXISTS runs_case ON runs (hardware_key, case_id, recorded_at);
+    """,
+    # a run is one run of one hardware key: two machines' files may share a run id ("0001_nightly-3"
+    # of two hosts), and schema 1 took the second key's runs for duplicates
+    2: """
+    CREATE TABLE runs_v2 (
+        run_id TEXT NOT NULL,
+        case_id TEXT NOT NULL,
+        group_id TEXT NOT NULL,
+        world_size INTEGER NOT NULL,
+        hardware_key TEXT NOT NULL,
+        torch TEXT, torch_git TEXT, cuda TEXT, cudnn TEXT, nccl TEXT,
+        suite_commit TEXT,
+        session TEXT NOT NULL,
+        recorded_at TEXT NOT NULL,
+        source TEXT NOT NULL,
+        median_s REAL NOT NULL,
+        samples_per_s REAL,
+        efficiency REAL,
+        peak_mem_bytes INTEGER,
+        quarantine TEXT,
+        verdict TEXT,
+        record TEXT NOT NULL,
+        PRIMARY KEY (hardware_key, run_id)
+    );
+    INSERT INTO runs_v2 SELECT * FROM runs;
+    DROP TABLE runs;
+    ALTER TABLE runs_v2 RENAME TO runs;
     CREATE INDEX IF NOT EXISTS runs_case ON runs (hardware_key, case_id, recorded_at);
     """,
 }
@@ -278,24 +306,7 @@ class History:
     ) -> int:
         """Several appends in one transaction: all of them land, or none (an import that fails on
         its last file has written nothing)."""
-        rows = []
-        for cases, hardware_key, source, verdicts, suite_commit in batches:
-            for evidence in cases:
-                for run in evidence.runs:
-                    rows.append(
-                        (
-                            run.run_id, evidence.case_id, evidence.group_id, evidence.world_size,
-                            hardware_key,
-                            _text(evidence.versions.get("torch")), _text(evidence.versions.get("torch_git")),
-                            _text(evidence.versions.get("cuda")), _text(evidence.versions.get("cudnn")),
-                            _text(evidence.versions.get("nccl")), run.commit or suite_commit, run.session,
-                            run.recorded_at or "", source, run.median_s, run.samples_per_s,
-                            run.scaling_efficiency, run.peak_mem_bytes, run.quarantine,
-                            (verdicts or {}).get(evidence.case_id),
-                            json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
-                                        "run": run.to_dict()}, allow_nan=False),
-                        )
-                    )  # fmt: skip
+        rows = appendable(batches, self.path)
         with self._write() as db:
             before = db.total_changes
             db.executemany("INSERT OR IGNORE INTO runs VALUES (" + ", ".join("?" * 21) + ")", rows)
@@ -338,14 +349,15 @@ class History:
 _TEXT_MAX = 400  # a torch version, a git sha, a session id: far shorter in any real history
 
 
-def _checked_row(path: Path, raw: Sequence[Any]) -> HistoryRow:
+def _checked_row(
+    path: Path, raw: Sequence[Any], fix: str = "rebuild the file with `scaleguard history import`"
+) -> HistoryRow:
     """One stored run, every field of the type the page and the statistics need."""
     row = HistoryRow(*raw)
 
     def bad(field: str) -> HistoryError:
         return HistoryError(
-            f"history {path}: run {str(row.run_id)[:60]!r} has a {field} of the wrong type or size; "
-            "rebuild the file with `scaleguard history import`"
+            f"history {path}: run {str(row.run_id)[:60]!r} has a {field} of the wrong type or size; {fix}"
         )
 
     for name in ("run_id", "case_id", "hardware_key", "session", "recorded_at", "source"):
@@ -450,3 +462,48 @@ def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
     """Change points of a case's nightly series, with the nights either side."""
     points = change_points([n.value for n in nights], **kw)
     return [ChangePoint(c.index, c.change, c.p_value, nights[c.index - 1], nights[c.index]) for c in points]
+
+
+Batch = tuple[Iterable[CaseEvidence], str, str, "dict[str, str] | None", "str | None"]
+
+
+def appendable(batches: Sequence[Batch], path: Path) -> list[tuple[Any, ...]]:
+    """The rows ``batches`` insert, each refused now if a reader would refuse it later: a key, a
+    case id or a text the views cannot read would make every later ``history`` and ``export`` of
+    the file exit 2 (a 450-character device name in a derived key did). Pure: call it before the
+    file is created, so a refused import leaves nothing behind."""
+    from scaleguard.evidence.baseline import check_key
+    from scaleguard.evidence.records import FileFormatError
+
+    rows = []
+    for cases, hardware_key, source, verdicts, suite_commit in batches:
+        try:
+            check_key(hardware_key)
+        except FileFormatError as exc:
+            raise HistoryError(f"history {path}: not appended: {exc}") from None
+        for evidence in cases:
+            for run in evidence.runs:
+                row = (
+                    run.run_id, evidence.case_id, evidence.group_id, evidence.world_size, hardware_key,
+                    _text(evidence.versions.get("torch")), _text(evidence.versions.get("torch_git")),
+                    _text(evidence.versions.get("cuda")), _text(evidence.versions.get("cudnn")),
+                    _text(evidence.versions.get("nccl")), run.commit or suite_commit, run.session,
+                    run.recorded_at or "", source, run.median_s, run.samples_per_s,
+                    run.scaling_efficiency, run.peak_mem_bytes, run.quarantine,
+                    (verdicts or {}).get(evidence.case_id),
+                    json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
+                                "run": run.to_dict()}, allow_nan=False),
+                )  # fmt: skip
+                _checked_row(path, tuple(row[i] for i in _VIEWED), "not appended; nothing was written")
+                rows.append(row)
+    return rows
+
+
+# the stored columns a view reads (``History.rows``), in its order: checked at append as at read
+_VIEWED = tuple(
+    _COLUMNS.index(name)
+    for name in (
+        "run_id", "case_id", "hardware_key", "torch", "torch_git", "session", "recorded_at", "source",
+        "median_s", "efficiency", "peak_mem_bytes", "quarantine", "verdict", "samples_per_s",
+    )
+)  # fmt: skip
