@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scaleguard.history import database as history
 from scaleguard.history.changepoints import SeriesError, detect
@@ -79,6 +81,32 @@ def test_a_single_outlier_night_is_not_a_change_point_unless_the_level_stays() -
 def test_flat_series_have_no_change_point_even_at_magnitude_zero() -> None:
     assert detect([0.1] * 30, min_magnitude=0.0) == []
     assert detect([0.1] * 15 + [0.1 + 1e-12] * 15, min_magnitude=0.01) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.floats(min_value=1e-9, max_value=1e9, allow_nan=False, allow_infinity=False),
+    nights=st.integers(min_value=6, max_value=400),
+    scale=st.sampled_from(["log", "linear"]),
+)
+def test_a_constant_series_has_no_change_point_at_any_value_length_or_magnitude(
+    value: float, nights: int, scale: str
+) -> None:
+    # equal logs whose trimmed means differ in the last bit read as a step at p = 0 before
+    assert detect([value] * nights, min_magnitude=0.0, scale=scale) == []
+    assert detect([5.0] * 30) == []
+
+
+@pytest.mark.parametrize("at_night", [1500, 3217, 9000])
+def test_a_long_series_places_its_step_to_the_night_beside_an_outlier(at_night: int) -> None:
+    """Past ``EXACT_SPLIT_MAX`` nights the search is coarse, then exact: the step is still placed
+    to the night, and a -41 % night five nights before it does not capture it."""
+    rng = np.random.default_rng(at_night)
+    series = 0.1 * np.exp(rng.normal(0, 0.01, 12_000))
+    series[at_night:] *= 0.89
+    series[at_night - 5] *= 0.59
+    (step,) = detect(series, min_magnitude=0.05)
+    assert step.index == at_night and step.change == pytest.approx(-0.11, abs=0.01)
 
 
 def test_two_flat_levels_are_one_exact_change() -> None:
