@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fnmatch
 import math
 import os
 import shlex
@@ -100,6 +99,15 @@ def thresholds_from(args: argparse.Namespace, device: str) -> Thresholds:
 
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+# --case and --hardware-key: one rule for histories and saved files (history.database.matches)
+MATCH_HELP = "only {what} matching this shell-style pattern (*, ?, [seq], [!seq]; the whole id)"
+
+
+def check_patterns(args: argparse.Namespace) -> None:
+    """An empty pattern matches nothing anywhere: said, not silently an empty (or full) view."""
+    for option, value in (("--case", args.case), ("--hardware-key", args.hardware_key)):
+        if value is not None and not value.strip():
+            raise UsageProblem(f"{option} is empty: give a pattern (e.g. '*ddp*'), or leave it out")
 
 
 def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] = ()) -> None:
@@ -267,6 +275,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     from scaleguard.history import database as history
 
     path = args.history
+    check_patterns(args)
     if args.last < 1:
         raise UsageProblem(f"--last takes a positive number of nights, got {args.last}")
     if args.args and args.args[0] == "import":
@@ -339,6 +348,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from scaleguard.history import database as history
     from scaleguard.history import export
 
+    check_patterns(args)
     if args.format == "bmf":
         check_output(args.out, "--out", (".json",))
     elif args.out.exists() and not args.out.is_dir():
@@ -354,8 +364,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                     f"{f}: no hardware key; give a file saved by pytest perf/ --benchmark-save"
                 )
             rows += export.rows_of_cases(cases, key)
-        rows = [r for r in rows if fnmatch.fnmatchcase(r.case_id, args.case)
-                and (args.hardware_key is None or r.hardware_key == args.hardware_key)]  # fmt: skip
+        key = args.hardware_key
+        rows = [r for r in rows if history.matches(r.case_id, args.case)
+                and (key is None or history.matches(r.hardware_key, key))]  # fmt: skip
     else:
         with history.History(args.history, readonly=True) as db:
             rows = db.rows(args.hardware_key, args.case)
@@ -489,8 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hist.add_argument("args", nargs="*", help="`import FILES...` to load saved runs and baselines")
     hist.add_argument("--history", type=Path, default=Path(".scaleguard/history.sqlite"))
-    hist.add_argument("--case", default="*", help="case-id glob")
-    hist.add_argument("--hardware-key", help="only this hardware")
+    hist.add_argument("--case", default="*", help=MATCH_HELP.format(what="case ids"))
+    hist.add_argument("--hardware-key", help=MATCH_HELP.format(what="hardware keys"))
     hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")
     hist.add_argument("--html", type=Path, help="write one self-contained page (plots, change points) here")
     hist.add_argument(
@@ -509,8 +520,10 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", choices=("bmf", "otava"), required=True)
     exp.add_argument("--out", type=Path, required=True, help="bmf: a .json file; otava: a directory")
     exp.add_argument("--history", type=Path, default=Path(".scaleguard/history.sqlite"))
-    exp.add_argument("--case", default="*", help="case-id glob")
-    exp.add_argument("--hardware-key", help="only this hardware (BMF: required when the runs hold several)")
+    exp.add_argument("--case", default="*", help=MATCH_HELP.format(what="case ids"))
+    exp.add_argument(
+        "--hardware-key", help=MATCH_HELP.format(what="hardware keys") + " (BMF: one key per upload)"
+    )
     exp.add_argument("--session", help="bmf: this session's night instead of the latest of each case")
     bis = sub.add_parser(
         "bisect",

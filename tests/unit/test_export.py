@@ -194,3 +194,46 @@ def test_bmf_refuses_what_bencher_would(tmp_path: Path) -> None:
                 {"x": {"latency": {"value": 1, "lower_value": 2, "upper_value": 1}}}):  # fmt: skip
         with pytest.raises(export.ExportError):
             export.check_bmf(bad)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [("[!m]*", set()), ("m-ddp-ws[1]-*", {"m-ddp-ws1-fp32-strong"}), ("*ws2*", {"m-ddp-ws2-fp32-strong"})],
+)
+def test_case_patterns_pick_the_same_cases_from_a_history_and_from_a_saved_file(
+    tmp_path: Path, pattern: str, expected: set[str]
+) -> None:
+    """One rule (shell-style, ``[!seq]`` a negation) where SQLite's GLOB read ``[!m]`` as "! or m"."""
+    db = _history(tmp_path)
+    with history.History(db, readonly=True) as h:
+        assert {r.case_id for r in h.rows("cpu-*", pattern)} == expected
+    saved = tmp_path / "b.json"
+    baseline.update(saved, KEY, {}, nights([0.1], first=1) + nights([0.06], case_ws=2, first=2))
+    out = tmp_path / "o"
+    code = cli_main(["export", str(saved), "--format", "otava", "--case", pattern, "--hardware-key", "cpu-*",
+                     "--out", str(out)])  # fmt: skip
+    written = set(yaml.safe_load((out / "otava.yaml").read_text())["tests"]) if code == 0 else set()
+    assert code == (0 if expected else 2) and written == {f"{KEY}/{c}" for c in expected}
+
+
+def test_an_empty_pattern_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = _history(tmp_path)
+    for option in ("--case", "--hardware-key"):
+        assert cli_main(["history", "--history", str(db), option, ""]) == 2
+        assert (
+            cli_main(
+                [
+                    "export",
+                    "--format",
+                    "otava",
+                    "--history",
+                    str(db),
+                    "--out",
+                    str(tmp_path / "o"),
+                    option,
+                    "",
+                ]
+            )
+            == 2
+        )
+        assert f"{option} is empty" in capsys.readouterr().err

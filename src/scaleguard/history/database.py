@@ -17,6 +17,7 @@ case's own step threshold as the smallest change worth one (``min_magnitude_for`
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import math
 import os
@@ -314,11 +315,14 @@ class History:
 
     def rows(self, hardware_key: str | None = None, case_glob: str = "*") -> list[HistoryRow]:
         """The runs matching, validated field by field (a file edited by hand or by a hostile
-        tool): at most ``MAX_ROWS`` of them."""
-        where = "WHERE case_id GLOB ?"
+        tool): at most ``MAX_ROWS`` of them. ``case_glob`` and ``hardware_key`` match as
+        ``matches`` says, the one rule of saved files and histories alike (SQLite's GLOB reads
+        ``[!t]`` otherwise than fnmatch)."""
+        self._db.create_function("sg_match", 2, _sql_match, deterministic=True)
+        where = "WHERE sg_match(case_id, ?)"
         args: list[Any] = [case_glob]
-        if hardware_key:
-            where += " AND hardware_key = ?"
+        if hardware_key is not None:
+            where += " AND sg_match(hardware_key, ?)"
             args.append(hardware_key)
         try:
             orphans = self._db.execute(
@@ -344,6 +348,17 @@ class History:
         except sqlite3.Error as exc:
             raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
         return [_checked_row(self.path, r) for r in raw]
+
+
+def matches(text: str, pattern: str) -> bool:
+    """The one matching rule of ``--case`` and ``--hardware-key`` (histories, saved runs,
+    exports): a shell-style pattern (``*``, ``?``, ``[seq]``, ``[!seq]``), case-sensitive, the
+    whole id. A key or id without those characters matches itself alone."""
+    return fnmatch.fnmatchcase(text, pattern)
+
+
+def _sql_match(text: object, pattern: object) -> bool:
+    return isinstance(text, str) and isinstance(pattern, str) and matches(text, pattern)
 
 
 _TEXT_MAX = 400  # a torch version, a git sha, a session id: far shorter in any real history
