@@ -94,10 +94,6 @@ def config_from(args: argparse.Namespace, writes_history: bool = True) -> PerfCo
         raise UsageProblem(str(exc)) from None
 
 
-def thresholds_from(args: argparse.Namespace, device: str) -> Thresholds:
-    return config_from(args).thresholds.for_device(device)
-
-
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 # --case and --hardware-key: one rule for histories and saved files (history.database.matches)
 MATCH_HELP = "only {what} matching this shell-style pattern (*, ?, [seq], [!seq]; the whole id)"
@@ -110,11 +106,13 @@ def check_patterns(args: argparse.Namespace) -> None:
             raise UsageProblem(f"{option} is empty: give a pattern (e.g. '*ddp*'), or leave it out")
 
 
-def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] = ()) -> None:
+def check_output(
+    path: Path | None, option: str, suffixes: tuple[str, ...] = (), directory: bool = False
+) -> None:
     """Before any work: an output path that cannot be written is a usage error, not a
     traceback after the comparison."""
     try:
-        check_output_path(path, option, suffixes)
+        check_output_path(path, option, suffixes, directory=directory)
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
 
@@ -133,6 +131,7 @@ def check_not_input(output: Path | None, option: str, inputs: list[Path]) -> Non
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    config = config_from(args)  # every option checked before any file is read
     check_output(args.markdown, "--markdown")
     check_output(args.plot, "--plot", PLOT_SUFFIXES)
     for output, option in ((args.markdown, "--markdown"), (args.plot, "--plot")):
@@ -151,7 +150,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             "to compare them anyway."
         )
     devices = {str(e.config.get("device")) for e in new.values()}
-    rows = judge_all(old, new, thresholds_from(args, "cpu" if devices == {"cpu"} else "cuda"), old_label)
+    thresholds = config.thresholds.for_device("cpu" if devices == {"cpu"} else "cuda")
+    rows = judge_all(old, new, thresholds, old_label)
     console = Console(width=180, markup=False)
     if old_key != new_key:
         console.print(inert(f"warning: comparing across hardware ({old_key} -> {new_key})"), markup=False)
@@ -276,6 +276,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     path = args.history
     check_patterns(args)
+    # --threshold-step: the smallest change of level shown; checked even where no run matches
+    settings = config_from(args, writes_history=bool(args.args and args.args[0] == "import")).thresholds
     if args.last < 1:
         raise UsageProblem(f"--last takes a positive number of nights, got {args.last}")
     if args.args and args.args[0] == "import":
@@ -305,7 +307,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.html is not None:
         from scaleguard.report import page as history_page
 
-        history_page.write(args.html, rows, config_from(args, writes_history=False).thresholds)
+        history_page.write(args.html, rows, settings)
         print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
     groups: dict[tuple[str, str], list[history.HistoryRow]] = {}
     for row in rows:
@@ -314,8 +316,6 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"scaleguard history {path}: no runs match")
         return 0
     out = inert
-    # --threshold-step: the smallest change of level shown
-    settings = config_from(args, writes_history=False).thresholds
     for (key, case_id), case_rows in sorted(groups.items()):
         nights = history.nightly(case_rows)
         print(f"{out(case_id)}  ({out(key)}, {len(nights)} nights, {len(case_rows)} runs)")
@@ -351,8 +351,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_patterns(args)
     if args.format == "bmf":
         check_output(args.out, "--out", (".json",))
-    elif args.out.exists() and not args.out.is_dir():
-        raise UsageProblem(f"--out {args.out} is a file; Otava's export is a directory of CSV files")
+    else:  # a dangling link, a file, a directory this user cannot write: said now, by name
+        check_output(args.out, "--out", directory=True)
     inputs = [*args.files, *([args.history] if not args.files else [])]
     check_not_input(args.out, "--out", inputs)
     if args.files:
@@ -406,8 +406,14 @@ def cmd_hardware_key(args: argparse.Namespace) -> int:
     device = args.device if args.device != "auto" else ("cuda" if gpu_inventory().count else "cpu")
     if device == "cuda" and not host.gpu_count:
         raise UsageProblem("--device cuda: no CUDA device is visible")
-    if args.threads_per_rank is not None and args.threads_per_rank < 1:
-        raise UsageProblem(f"--threads-per-rank takes a positive integer, got {args.threads_per_rank}")
+    if args.threads_per_rank is not None:
+        from scaleguard.config import INTEGER_BOUNDS
+
+        lo, hi = INTEGER_BOUNDS["threads-per-rank"]  # the suite's own bound: a key it could make
+        if not lo <= args.threads_per_rank <= hi:
+            raise UsageProblem(
+                f"--threads-per-rank takes an integer in [{lo}, {hi}], got {args.threads_per_rank}"
+            )
     threads = args.threads_per_rank or max(1, (os.cpu_count() or 1) // 2)
     print(baseline.host_hardware_key(host, device, threads))
     return 0
@@ -595,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ab":
             return cmd_ab(args, rest)
         return handler[args.command](args)
+    except BrokenPipeError:
+        # `scaleguard history | head`: the reader has all it wanted; end quietly, as a tool that
+        # SIGPIPE stopped does (stdout pointed at /dev/null so the interpreter's flush is silent)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except (UsageProblem, BaselineError, FileFormatError, HistoryError) as exc:
         print(f"scaleguard {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 
 # integer options: (lowest allowed, highest allowed)
-_INTEGERS = {
+INTEGER_BOUNDS = {
     "steps": (1, 10**6),
     "warmup": (1, 10**6),
     "threads-per-rank": (1, 4096),
@@ -115,6 +115,8 @@ class PerfConfig:
         update = flag("update-baselines")
         accept = tuple(lines("accept"))
         _check_combinations(o, matrix, update, accept)
+        if not flag("slurm"):
+            _values_only(o, matrix)
         envs = {side: _env(lines(f"ab-env-{side}"), f"--perf-ab-env-{side}") for side in ("a", "b")}
         return cls(
             matrix=matrix,
@@ -169,14 +171,18 @@ class _Values:
     def integer(
         self, name: str, default: int | None = None, bounds: tuple[int, int] | None = None
     ) -> int | None:
-        """An integer in ``bounds`` (default: the option's row in ``_INTEGERS``)."""
+        """An integer in ``bounds`` (default: the option's row in ``INTEGER_BOUNDS``)."""
         value = self.text(name)
         if value is None:
             return default
-        lo, hi = bounds or _INTEGERS[name]
-        if not value.strip().isdigit() or not lo <= int(value) <= hi:
-            raise ConfigError(f"--perf-{name} takes an integer in [{lo}, {hi}], got {value!r}")
-        return int(value)
+        lo, hi = bounds or INTEGER_BOUNDS[name]
+        try:
+            number = _digits(value)
+        except ValueError:
+            number = None
+        if number is None or not lo <= number <= hi:
+            raise ConfigError(f"--perf-{name} takes an integer in [{lo}, {hi}], got {value[:40]!r}")
+        return number
 
     def count(self, name: str, default: int, bounds: tuple[int, int]) -> int:
         """``integer`` with a default: never None."""
@@ -219,7 +225,8 @@ def _matrix(o: _Values) -> MatrixOptions:
     return MatrixOptions(
         device=o.text("device") or "auto",
         profile=o.text("profile") or "auto",
-        world_sizes=parse_world_sizes(world_sizes) if world_sizes else None,
+        # '' is an empty list, refused as --perf-modes='' is, never the default
+        world_sizes=parse_world_sizes(world_sizes) if world_sizes is not None else None,
         modes=o.csv("modes", MODES) or defaults.modes,
         models=o.csv("models", None),
         precisions=o.csv("precisions", PRECISIONS),
@@ -283,6 +290,14 @@ def _check_choices(text: Callable[[str], str | None]) -> None:
             )
 
 
+def _digits(text: str) -> int:
+    """A count as people write it: ASCII digits only. ``int`` also takes ``1_0`` (10) and
+    ``isdigit`` passes ``²``, which ``int`` then refuses with a message naming no option."""
+    if not re.fullmatch(r"[0-9]{1,12}", text.strip()):
+        raise ValueError(text)
+    return int(text.strip())
+
+
 def _split(text: str | None, option: str) -> tuple[str, ...]:
     """One shell-quoted string of arguments, as a shell would split it."""
     try:
@@ -302,6 +317,13 @@ def check_output_path(
     """
     if path is None:
         return
+    try:
+        _check_output_path(path, option, suffixes, directory)
+    except OSError as exc:  # a name longer than the file system allows, a loop of links
+        raise ConfigError(f"{option} {str(path)[:120]}: cannot be used ({exc.strerror or exc})") from None
+
+
+def _check_output_path(path: Path, option: str, suffixes: tuple[str, ...], directory: bool) -> None:
     if suffixes and path.suffix.lower() not in suffixes:
         raise ConfigError(f"{option} {path}: the file name must end in {', '.join(suffixes)}")
     if path.is_symlink():
@@ -324,11 +346,13 @@ def check_output_path(
             raise ConfigError(f"{option} {path}: cannot create it in {parent}")
 
 
-def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
-    """``--perf-slurm-*``, checked now: a typo found after an hour in the queue would lose it."""
+def _slurm(o: _Values, matrix: MatrixOptions, cluster: bool = True) -> SlurmOptions:
+    """``--perf-slurm-*``, checked now: a typo found after an hour in the queue would lose it.
+    ``cluster`` False: only the values (an ini file's cluster settings on a laptop session,
+    where no Slurm is asked, are still read by the same rules, not skipped)."""
     from scaleguard.schedule.slurm import missing_commands
 
-    missing = missing_commands()
+    missing = missing_commands() if cluster else []
     if missing:
         raise ConfigError(
             f"--perf-slurm: Slurm's {', '.join(missing)} not found on PATH; run pytest on a node "
@@ -338,16 +362,16 @@ def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
     text = o.text
     nodes_text = text("slurm-nodes") or "1,2"
     try:
-        nodes = tuple(sorted({int(n) for n in nodes_text.split(",") if n.strip()}))
+        nodes = tuple(sorted({_digits(n) for n in nodes_text.split(",") if n.strip()}))
     except ValueError:
         raise ConfigError(
             f"--perf-slurm-nodes takes a comma list of node counts, got {nodes_text!r}"
         ) from None
     if not nodes or nodes[0] < 1 or nodes[-1] > 4096:
         raise ConfigError(f"--perf-slurm-nodes: node counts are 1..4096, got {nodes_text!r}")
-    if matrix.device == "cuda" and text("slurm-ranks-per-node") is None:
+    if cluster and matrix.device == "cuda" and text("slurm-ranks-per-node") is None:
         raise ConfigError("--perf-slurm on cuda needs --perf-slurm-ranks-per-node N (the GPUs per node)")
-    if matrix.shared_gpu:
+    if cluster and matrix.shared_gpu:
         raise ConfigError("--perf-share-gpu is a one-machine test mode; drop it with --perf-slurm")
     pending_s = o.seconds(
         "slurm-pending-timeout", 600.0, "--perf-slurm-pending-timeout must be positive seconds"
@@ -404,6 +428,14 @@ def _slurm(o: _Values, matrix: MatrixOptions) -> SlurmOptions:
         pending_timeout_s=pending_s or 600.0,
         skip_pending=o.flag("slurm-skip-pending"),
     )
+
+
+def _values_only(o: _Values, matrix: MatrixOptions) -> None:
+    """Without ``--perf-slurm`` its options act on nothing, but a bad value is still said."""
+    from scaleguard.options import OPTIONS
+
+    if any(opt.name.startswith("slurm-") and o.text(opt.name) is not None for opt in OPTIONS):
+        _slurm(o, matrix, cluster=False)
 
 
 def _gpus_per_node(value: str | None, device: str, rpn: int) -> tuple[str | None, int | None]:

@@ -4,15 +4,17 @@ parameters, fixtures, pytest-benchmark machine_info, and the terminal summary. H
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from scaleguard import options
 from scaleguard.case import CaseSpec
-from scaleguard.config import ConfigError, PerfConfig
+from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence.verdict import Status
 from scaleguard.suite import Suite
 
@@ -82,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
             reporter.write_line(f"scaleguard: {line}")
 
+    perf_config = _default_history_or_none(perf_config, config.rootpath, progress)
     state = Suite(perf_config, config.rootpath, progress)
     config.stash[STATE] = state
     if perf_config != PerfConfig() or _workload_entry_points():
@@ -97,6 +100,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_BenchmarkHooks(state), "scaleguard-benchmark-hooks")
     if perf_config.slurm is not None:  # (the backend is made lazily; its kind is known now)
         _release_on_signals()
+
+
+def _default_history_or_none(
+    perf_config: PerfConfig, rootpath: Path, progress: Callable[[str], None]
+) -> PerfConfig:
+    """The default history (``<rootdir>/.scaleguard/history.sqlite``) checked at configure as a
+    given ``--perf-history`` is. Nobody asked for it, so a read-only checkout keeps the session:
+    one line says the session keeps no history, instead of a failed write at its end."""
+    if perf_config.history is not None or not perf_config.record_history:
+        return perf_config
+    default = rootpath / ".scaleguard" / "history.sqlite"
+    try:
+        check_output_path(default, "the default history")
+    except ConfigError as exc:
+        progress(f"{exc}: this session keeps no history (give --perf-history PATH, or --perf-no-history)")
+        return dataclasses.replace(perf_config, record_history=False)
+    return perf_config
 
 
 class Terminated(KeyboardInterrupt):

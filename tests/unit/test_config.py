@@ -92,8 +92,57 @@ def test_an_unusable_value_is_one_error_naming_it(
 def test_the_cli_reads_its_thresholds_through_the_same_reader() -> None:
     args = argparse.Namespace(threshold_step="0.05", threshold_efficiency=None, threshold_memory="0.2")
     assert cli.config_from(args).thresholds == ThresholdSettings(step=0.05, memory=0.2)
-    assert cli.thresholds_from(args, "cpu") == read(
+    assert cli.config_from(args).thresholds.for_device("cpu") == read(
         {"threshold-step": "0.05", "threshold-memory": "0.2"}
     ).thresholds.for_device("cpu")
     with pytest.raises(cli.UsageProblem, match=r"threshold step=2\.0 must be a number in"):
         cli.config_from(argparse.Namespace(threshold_step="2"))
+
+
+@pytest.mark.parametrize(
+    ("texts", "says"),
+    [
+        ({"world-sizes": ""}, "empty world size list"),
+        ({"modes": ""}, "empty"),
+        ({"world-sizes": "1,²"}, "world sizes are positive integers"),
+        ({"steps": "²"}, "--perf-steps takes an integer"),
+        ({"steps": "1_0"}, "--perf-steps takes an integer"),
+        ({"slurm-nodes": "1_0"}, "--perf-slurm-nodes takes a comma list"),
+        ({"slurm-nodes": "0"}, "node counts are 1..4096"),  # without --perf-slurm: still read
+        ({"slurm-mem": "lots"}, "--perf-slurm-mem takes a size"),
+        ({"slurm-gpu-bind": "rack"}, "--perf-slurm-gpu-bind .* takes one of node, task"),
+    ],
+)
+def test_a_value_is_read_by_one_rule_whatever_else_is_set(texts: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        read(texts)
+
+
+def test_a_threshold_or_pattern_is_checked_where_no_run_matches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scaleguard.history import database as history
+
+    db = tmp_path / "h.sqlite"
+    with history.History(db):
+        pass
+    assert cli.main(["history", "--history", str(db), "--threshold-step", "abc"]) == 2
+    assert "not a number" in capsys.readouterr().err
+    assert cli.main(["hardware-key", "--threads-per-rank", str(10**14)]) == 2
+    assert "--threads-per-rank takes an integer in [1, 4096]" in capsys.readouterr().err
+
+
+def test_an_unwritable_default_history_leaves_the_session_without_one_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from scaleguard import plugin
+
+    said: list[str] = []
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not mode & os.W_OK)  # a read-only checkout
+    config = plugin._default_history_or_none(PerfConfig(), tmp_path, said.append)
+    assert not config.record_history and "this session keeps no history" in said[0]
+    monkeypatch.undo()
+    assert plugin._default_history_or_none(PerfConfig(), tmp_path, said.append).record_history
+    assert len(said) == 1

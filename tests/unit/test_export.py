@@ -237,3 +237,38 @@ def test_an_empty_pattern_is_a_usage_error(tmp_path: Path, capsys: pytest.Captur
             == 2
         )
         assert f"{option} is empty" in capsys.readouterr().err
+
+
+def test_an_otava_out_that_is_a_dangling_link_or_too_long_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _history(tmp_path)
+    link = tmp_path / "gone"
+    link.symlink_to(tmp_path / "nowhere")
+    for out, says in ((link, "symbolic link"), (tmp_path / ("x" * 300), "cannot be used")):
+        assert cli_main(["export", "--format", "otava", "--history", str(db), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "bug" not in err, err
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_night_whose_runs_lie_orders_of_magnitude_apart_exports_without_an_interval() -> None:
+    rows = export.rows_of_cases(nights([0.1]), KEY)
+    rows = [replace(rows[0], median_s=5e-324), replace(rows[1], median_s=1e5)]
+    (night,) = export.nights(rows)
+    assert night.step_bounds_s is None
+
+
+def test_history_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    db = tmp_path / "h.sqlite"
+    with history.History(db) as h:
+        for i in range(0, 600, 50):
+            h.append([e for n in range(i, i + 50) for e in nights([0.1], first=n)], KEY, "suite")
+    done = subprocess.run(
+        f"{sys.executable} -m scaleguard.cli history --history {db} --last 1000 | head -1",
+        shell=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.count("\n") == 1 and done.stderr == "", done.stderr

@@ -143,3 +143,36 @@ def test_a_record_the_baseline_or_history_would_refuse_is_refused_before_anythin
     assert cli_main(args) == 2
     assert says in capsys.readouterr().err
     assert not db.exists() and not list(base.glob("*.json"))
+
+
+@pytest.mark.parametrize("part", ["foreign_load", "slurm", "during_steps", "whole_run"])
+def test_a_schema_2_record_whose_machine_state_part_is_no_object_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], part: str
+) -> None:
+    fixture = Path(__file__).parent / "data" / "torchrun-record-schema2.json"
+    data = json.loads(fixture.read_text())
+    data["machine_state"][part] = [1, 2]
+    spec_id = tiny_spec(world_size=2).case_id
+    record = torchrun_entry.record_path(tmp_path, spec_id)
+    record.write_text(json.dumps(data))
+    torchrun_entry._write_marker(tmp_path, spec_id, data["run_id"], "done")
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 2
+    err = capsys.readouterr().err
+    assert f"field {part!r} must be an object" in err and "bug" not in err
+
+
+def test_a_record_nested_600_deep_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = write_run(tmp_path)
+    data = json.loads(record.read_text())
+    deep: dict = {}
+    node = deep
+    for _ in range(600):
+        node["x"] = {}
+        node = node["x"]
+    data["run"]["host"] = deep
+    record.write_text(json.dumps(data))
+    assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 2
+    err = capsys.readouterr().err
+    assert "nests deeper than 16 levels" in err and "bug" not in err

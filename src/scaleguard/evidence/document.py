@@ -486,8 +486,21 @@ def read_versions(f: Fields, key: str) -> dict[str, str | None]:
     return f.versions(key)
 
 
+MAX_DEPTH = 16  # a run's free-form facts (GPU clocks, a Slurm step's grant) nest 3 deep
+
+
 def read_object(f: Fields, key: str) -> dict[str, Any]:
-    return f.raw_dict(key)
+    """A free-form object of facts, nested at most ``MAX_DEPTH`` deep: every later reader,
+    writer and printer of it recurses (600 levels ended in a RecursionError at the history)."""
+    value = f.raw_dict(key)
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise f.fail(key, f"nests deeper than {MAX_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return value
 
 
 def read_texts(f: Fields, key: str) -> tuple[str, ...]:

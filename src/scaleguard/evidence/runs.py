@@ -427,9 +427,14 @@ def _schema2_run_file(f: Fields) -> tuple[CaseSpec, RunRecord]:
     step_s = f.samples("step_s")
     peaks = f.byte_counts("peak_mem_bytes")
     summary = StepSummary.of(step_s)
-    state = f.raw_dict("machine_state", optional=True)
+    state = Fields(f.raw_dict("machine_state", optional=True), f"{f.where}.machine_state", f.fix)
     anatomy = f.raw_dict("anatomy", optional=True)
-    host = {**(state.get("foreign_load") or {}), **({"slurm": state["slurm"]} if "slurm" in state else {})}
+
+    def part(name: str) -> dict[str, Any]:
+        # each part an object, as schema 2 wrote it (a list there was a TypeError at the merge)
+        return read_object(state, name) if state.data.get(name) is not None else {}
+
+    host = {**part("foreign_load"), **({"slurm": part("slurm")} if "slurm" in state.data else {})}
     run = RunRecord(
         run_id="",
         session=f.text("run_id", optional=True) or "",
@@ -451,8 +456,8 @@ def _schema2_run_file(f: Fields) -> tuple[CaseSpec, RunRecord]:
         anatomy=Anatomy.from_dict(anatomy, f"{f.where}.anatomy", f.fix) if anatomy else None,
         process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
         flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
-        gpu=dict(state.get("during_steps") or {}),
-        gpu_whole_run=dict(state.get("whole_run") or {}),
+        gpu=part("during_steps"),
+        gpu_whole_run=part("whole_run"),
         host=host,
     )
     return spec, run

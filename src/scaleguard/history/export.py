@@ -103,7 +103,10 @@ def _interval(medians: Sequence[float]) -> tuple[float, float] | None:
     logs = [math.log(m) for m in medians]
     mean, sd = statistics.fmean(logs), statistics.stdev(logs)
     half = float(t.ppf(0.975, len(logs) - 1)) * sd / math.sqrt(len(logs))
-    return math.exp(mean - half), math.exp(mean + half)
+    try:
+        return math.exp(mean - half), math.exp(mean + half)
+    except OverflowError:  # runs a night apart by hundreds of orders of magnitude: no interval
+        return None
 
 
 class ExportError(ValueError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +61,9 @@ def parse_csv(text: str, allowed: tuple[str, ...] | None = None, what: str = "va
 def parse_world_sizes(text: str) -> tuple[int, ...]:
     sizes = []
     for item in parse_csv(text, what="world size"):
-        if not item.isdigit() or int(item) < 1:
-            raise ValueError(f"world sizes are positive integers, got {item!r}")
+        # ASCII digits: isdigit() passes "²", which int() refuses naming no option
+        if not re.fullmatch(r"[0-9]{1,6}", item) or int(item) < 1:
+            raise ValueError(f"world sizes are positive integers, got {item[:20]!r}")
         sizes.append(int(item))
     return tuple(sorted(set(sizes)))
 
