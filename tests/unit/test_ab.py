@@ -181,3 +181,23 @@ def test_a_cpu_memory_change_says_how_much_importing_torch_alone_makes(
 
 def test_the_probe_measures_what_importing_torch_holds() -> None:
     assert probe("A", sys.executable).versions["import_rss_bytes"] > 50 * 2**20
+
+
+def test_a_busy_machine_that_disturbs_every_pair_is_noisy_not_regressed(tmp_path: Path) -> None:
+    """One outcome and one exit code everywhere: the suite calls a case whose every run was
+    disturbed NOISY (exit 0); so does the A/B, where it said "no A/B pair completed" (exit 1)."""
+    from dataclasses import replace
+
+    class Disturbed(FakeRuns):
+        def __call__(self, spec, run_dir: Path, timeout_s: float, interpreter: Interpreter) -> object:  # type: ignore[no-untyped-def]
+            run = super().__call__(spec, run_dir, timeout_s, interpreter)
+            return replace(run, quarantine="disturbed: 1.4 cores of other processes")  # type: ignore[type-var]
+
+    from scaleguard.report import terminal as report
+
+    perf = session(tmp_path, Disturbed())
+    verdict = perf.measure(tiny_spec(world_size=1))
+    assert verdict.status == "NOISY" and not verdict.failed and verdict.step is None
+    assert "not judged" in verdict.story and "disturbed" in verdict.story and verdict.dropped
+    (row,) = report.ab_rows(perf)
+    assert row[-1] == "NOISY" and "NOISY" in report.ab_markdown(perf)

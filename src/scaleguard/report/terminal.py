@@ -439,9 +439,12 @@ def ab_rows(session: Any) -> list[list[str]]:
     """One row per case: each metric's change and its own verdict, then the case's."""
     rows = []
     for case_id, verdict in sorted(session.verdicts.items()):
+        step = verdict.step
+        if step is None:  # NOISY: no pair kept, nothing to show but the verdict
+            rows.append([case_id, *["-"] * 12, verdict.status])
+            continue
         a = session.ledgers["A"].evidence(case_id)
         b = session.ledgers["B"].evidence(case_id)
-        step = verdict.step
         p = step.p_up if step.change >= 0 else step.p_down
         metrics = verdict.metrics
         mem = verdict.memory
@@ -518,7 +521,7 @@ def ab_plot(session: Any, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = sorted(session.verdicts)
+    cases = sorted(c for c, v in session.verdicts.items() if v.step is not None)
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.45 * len(cases) + 1.5)))
     colors = {
         Status.REGRESSED: "tab:red",
@@ -532,6 +535,7 @@ def ab_plot(session: Any, path: Path) -> None:
         b = session.ledgers["B"].evidence(case_id).runs
         ratios = [rb.median_s / ra.median_s - 1 for ra, rb in zip(a, b, strict=False)]
         ax.plot([100 * r for r in ratios], [y] * len(ratios), "k.", markersize=4, alpha=0.6)
+        assert verdict.step is not None
         low, high = verdict.step.ci
         mid = verdict.step.change
         ax.errorbar(

@@ -276,7 +276,7 @@ def paired_shift(
 @dataclass(frozen=True)
 class ABVerdict:
     case_id: str
-    status: Status  # REGRESSED, IMPROVED, SAME, INCONCLUSIVE
+    status: Status  # REGRESSED, IMPROVED, SAME, INCONCLUSIVE; NOISY: every pair disturbed
     story: str
     step: PairedShift | None = None
     efficiency: PairedShift | None = None
@@ -454,9 +454,20 @@ class ABSession:
                 if decided:
                     break
         if verdict is None:
-            raise CaseFailedError(spec.case_id, None, "no A/B pair completed: " + "; ".join(dropped[-3:]))
+            if any("failed" in d for d in dropped):
+                raise CaseFailedError(spec.case_id, None, "no A/B pair completed: " + "; ".join(dropped[-3:]))
+            # every pair disturbed (a busy machine): not judged, as the suite calls a case whose
+            # every run was disturbed -- NOISY, exit 0 -- never REGRESSED's exit 1
+            verdict = ABVerdict(
+                spec.case_id, Status.NOISY,
+                f"{spec.case_id} NOISY: {len(kept)} of {self.schedule.min_pairs} pairs needed were "
+                f"undisturbed ({len(dropped)} dropped; last: {dropped[-1] if dropped else 'none'}): "
+                "not judged; run it again on a quiet machine",
+                orders=tuple(kept), dropped=tuple(dropped),
+            )  # fmt: skip
         for ledger in self.ledgers.values():
-            ledger.complete(spec.case_id)
+            if spec.case_id in ledger.records:  # a NOISY case may have kept no pair
+                ledger.complete(spec.case_id)
         self.verdicts[spec.case_id] = verdict
         return verdict
 
