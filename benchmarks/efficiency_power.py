@@ -42,7 +42,7 @@ def session(work: Path, name: str, baselines: Path, *extra: str, fault: str | No
         env["SCALEGUARD_INJECT_FAULT"] = fault
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "perf" / "test_train_step.py"), "--rootdir", str(work),
            *ARGS, f"--perf-baselines={baselines}", f"--benchmark-save={name}",
-           f"--benchmark-storage=file://{storage}", *extra]  # fmt: skip
+           f"--benchmark-storage=file://{storage}", "--perf-inject-faults", *extra]  # fmt: skip
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900, check=False)
     saved = sorted(storage.glob(f"*/*_{name}.json"))
     if not saved:

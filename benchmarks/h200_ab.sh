@@ -15,7 +15,7 @@ case $phase in
   same) scaleguard ab --a "$py" --b "$py" --markdown "$out/same.md" --plot "$out/same.png" --save-dir "$out/same" \
           perf/test_train_step.py "${sel[@]}" -k "strong" ;;
   slow) scaleguard ab --a "$py" --b "$py" --b-env SCALEGUARD_INJECT_FAULT=slow,ms=2.8 --markdown "$out/slow.md" \
-          --plot "$out/slow.png" perf/test_train_step.py "${sel[@]}" -k "bf16 and strong" ;;
+          --plot "$out/slow.png" perf/test_train_step.py "${sel[@]}" -k "bf16 and strong" --perf-inject-faults ;;
   hog) python - <<'PY' &
 import time, torch
 a = torch.randn(8192, 8192, device="cuda")
@@ -29,6 +29,7 @@ PY
   anatomy) python -m pytest perf/test_train_step.py "${sel[@]}" -k "bf16 and strong" --perf-baselines "$out/B" \
              --perf-update-baselines --perf-repeats 2 -q; echo "record rc=$?"
            SCALEGUARD_INJECT_FAULT=slow,ms=5,at=backward python -m pytest perf/test_train_step.py "${sel[@]}" \
-             -k "bf16 and strong" --perf-baselines "$out/B" --perf-trace-dir "$out/traces" -q -rN; echo "slow rc=$?"
+             -k "bf16 and strong" --perf-baselines "$out/B" --perf-trace-dir "$out/traces" -q -rN \
+             --perf-inject-faults; echo "slow rc=$?"
            python -c "import json, glob, sys; [print(p, len(json.load(open(p))['traceEvents']), 'events') for p in glob.glob(sys.argv[1] + '/traces/*.json')]" "$out" ;;
 esac

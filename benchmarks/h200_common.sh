@@ -2,7 +2,8 @@
 # timestamping filter for logs, and the machine's facts in $out/machine.txt.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # the editable install does not register the pytest11 entry point on that machine (README)
-export PYTHONPATH=$PWD/src PYTEST_ADDOPTS="-p scaleguard.plugin -p no:cacheprovider"
+# --perf-inject-faults: the evidence scripts inject slowdowns on purpose (harmless where none is set)
+export PYTHONPATH=$PWD/src PYTEST_ADDOPTS="-p scaleguard.plugin -p no:cacheprovider --perf-inject-faults"
 mkdir -p "$out"
 stamp() { local start=$(date +%s); while IFS= read -r line; do echo "$(( $(date +%s) - start )) $line"; done; }
 python -c "import torch, torchvision; torch.zeros(1, device='cuda')"

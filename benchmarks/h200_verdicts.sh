@@ -16,8 +16,8 @@ case $phase in
            python -m pytest perf/test_train_step.py "${sel[@]}" --benchmark-save="quiet$i" \
              --benchmark-storage="file://$out/bench"; echo "quiet $i rc=$?"; done ;;
   slow) for i in $(seq 1 "$n"); do
-          SCALEGUARD_INJECT_FAULT=slow,ms=2.8 python -m pytest perf/test_train_step.py "${sel[@]}" -k "bf16 and strong"
+          SCALEGUARD_INJECT_FAULT=slow,ms=2.8 python -m pytest perf/test_train_step.py "${sel[@]}" -k "bf16 and strong" --perf-inject-faults
           echo "slow bf16 $i rc=$?"
-          SCALEGUARD_INJECT_FAULT=slow,ms=4.1 python -m pytest perf/test_train_step.py "${sel[@]}" -k "fp32 and strong"
+          SCALEGUARD_INJECT_FAULT=slow,ms=4.1 python -m pytest perf/test_train_step.py "${sel[@]}" -k "fp32 and strong" --perf-inject-faults
           echo "slow fp32 $i rc=$?"; done ;;
 esac

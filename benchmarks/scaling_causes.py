@@ -48,7 +48,7 @@ def pytest_args(model: str, baselines: Path, saved: Path) -> list[str]:
     return [
         sys.executable, "-m", "pytest", "perf/test_train_step.py", "-q", "-p", "no:cacheprovider",
         "--perf-models", model, "--perf-modes", "ddp", "--perf-scaling", "strong",
-        "--perf-world-sizes", "1,2",
+        "--perf-world-sizes", "1,2", "--perf-inject-faults",
         "--perf-threads-per-rank", "1", "--perf-no-history", f"--perf-baselines={baselines}",
         f"--benchmark-json={saved}",
     ]  # fmt: skip

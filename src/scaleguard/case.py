@@ -27,6 +27,8 @@ PROFILES: tuple[Profile, ...] = ("smoke", "full")
 # a model name becomes part of case ids, test ids, file names and markdown rows
 MODEL_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")
 MAX_BATCH = 2**31
+# a deliberate fault in every run of a case (ranks.faults reads it; --perf-inject-faults allows it)
+FAULT_ENV = "SCALEGUARD_INJECT_FAULT"
 # a workload is named by an import path, ``package.module:attribute`` (``#i``: the i-th of a list)
 WORKLOAD_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(#\d{1,4})?")
 

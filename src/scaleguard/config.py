@@ -13,11 +13,11 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS
+from scaleguard.case import FAULT_ENV, INPUTS, MODES, PRECISIONS, SCALINGS
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.schedule.matrix import MatrixOptions, parse_csv, parse_world_sizes
 from scaleguard.schedule.slurm import SlurmOptions
@@ -76,6 +76,8 @@ class PerfConfig:
     ab_save: Path | None = None
     slurm: SlurmOptions | None = None  # --perf-slurm: the cases run on a cluster
     fail_below_projection: bool = False  # BELOW-PROJECTION fails the case instead of warning
+    # (where, fault) of every fault injected into the ranks (--perf-inject-faults): a test mode
+    inject_faults: tuple[tuple[str, str], ...] = ()
 
     @property
     def paired(self) -> bool:
@@ -87,16 +89,19 @@ class PerfConfig:
         text: Callable[[str], str | None],
         flag: Callable[[str], bool] = lambda name: False,
         lines: Callable[[str], Sequence[str]] = lambda name: (),
+        environ: Mapping[str, str] | None = None,
     ) -> PerfConfig:
         """Read and check every option. ``text(name)`` is an option's value as the user wrote
         it (``name`` without the ``--perf-`` prefix; None when unset), ``flag(name)`` an on/off
         option, ``lines(name)`` a repeatable one (``accept``, ``ab-env-a``, ``case-thresholds``).
+        ``environ``: the environment the ranks will inherit, given where ranks run (the suite):
+        a fault-injection variable in it is refused unless ``--perf-inject-faults`` allows it.
 
         Raises:
             ConfigError: the first unusable value, named as the user wrote it.
         """
         try:
-            return cls._read(text, flag, lines)
+            return cls._read(text, flag, lines, environ)
         except ConfigError:
             raise
         except ValueError as exc:  # the parsers of matrix and compare say what is wrong
@@ -108,6 +113,7 @@ class PerfConfig:
         text: Callable[[str], str | None],
         flag: Callable[[str], bool],
         lines: Callable[[str], Sequence[str]],
+        environ: Mapping[str, str] | None = None,
     ) -> PerfConfig:
         o = _Values(text, flag, lines)
         _check_choices(text)
@@ -152,6 +158,7 @@ class PerfConfig:
             ab_save=o.path("ab-save"),
             slurm=_slurm(o, matrix) if flag("slurm") else None,
             fail_below_projection=flag("fail-below-projection"),
+            inject_faults=_injected_faults(flag("inject-faults"), environ, envs),
         )
 
 
@@ -271,6 +278,40 @@ def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept:
     check_output_path(o.path("ab-save"), "--perf-ab-save", directory=True)
     if not o.flag("no-history"):
         check_output_path(o.path("history"), "--perf-history")
+
+
+def _injected_faults(
+    allowed: bool, environ: Mapping[str, str] | None, envs: dict[str, tuple[tuple[str, str], ...]]
+) -> tuple[tuple[str, str], ...]:
+    """(where, fault) of every fault the ranks would inject: the session's environment and each
+    A/B side's own. A stray variable left in a shell used to be honoured silently in every run:
+    refused now unless ``--perf-inject-faults``; each value is parsed now, not in the ranks."""
+    if environ is None:
+        return ()
+    given = [("the environment", environ.get(FAULT_ENV, "").strip())]
+    given += [
+        (f"--perf-ab-env-{side}", v.strip())
+        for side, pairs in envs.items()
+        for k, v in pairs
+        if k == FAULT_ENV
+    ]
+    given = [(where, fault) for where, fault in given if fault]
+    if not given:
+        return ()
+    where, fault = given[0]
+    if not allowed:
+        raise ConfigError(
+            f"{FAULT_ENV}={fault[:60]!r} is set ({where}): every run would carry a deliberate fault. "
+            "Unset it, or pass --perf-inject-faults for a test of the harness"
+        )
+    from scaleguard.ranks.faults import FaultSpec  # torch: imported only when a fault is asked for
+
+    for where, fault in given:
+        try:
+            FaultSpec.parse(fault)
+        except (ValueError, IndexError) as exc:
+            raise ConfigError(f"{FAULT_ENV}={fault[:60]!r} ({where}) is no fault: {exc}") from None
+    return tuple(given)
 
 
 def _check_choices(text: Callable[[str], str | None]) -> None:

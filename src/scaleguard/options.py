@@ -192,6 +192,14 @@ OPTIONS: tuple[Option, ...] = (
         cli=(("ingest", "--update-baselines"),),
     ),
     Option(
+        "inject-faults",
+        "allow SCALEGUARD_INJECT_FAULT (also as an A/B side's --perf-ab-env-a/-b): a deliberate "
+        "fault in every run, for tests of the harness; the header, every verdict line and every run "
+        "record then say so. Without it a set variable is a usage error",
+        "off",
+        kind="flag",
+    ),
+    Option(
         "fail-below-projection",
         "fail a multi-rank case whose scaling efficiency stays below its projection from ws1 "
         "(BELOW-PROJECTION) after its confirm runs; without it such a case only warns",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import os
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -44,7 +45,7 @@ def read_config(config: pytest.Config) -> PerfConfig:
         return list(given or ()) + list(config.getini(dest))
 
     with usage_errors():
-        return PerfConfig.read(text, flag, lines)
+        return PerfConfig.read(text, flag, lines, os.environ)
 
 
 def _workload_entry_points() -> bool:
@@ -155,7 +156,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from scaleguard.machine.env import gpu_inventory
     from scaleguard.schedule.matrix import describe
 
-    return describe(planned, gpu_inventory())
+    return describe(planned, gpu_inventory()) + [
+        f"scaleguard: FAULT INJECTED into every run ({where}): SCALEGUARD_INJECT_FAULT={fault} "
+        "(--perf-inject-faults): a test of the harness, not a measurement"
+        for where, fault in state.config.inject_faults
+    ]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -112,6 +112,7 @@ def _start(
         "-m",
         "pytest",
         *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", *extra),
+        *(["--perf-inject-faults"] if fault else []),
     ]
     return subprocess.Popen(cmd, cwd=suite.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -195,7 +196,7 @@ def test_the_nightly_wrappers_time_limit_releases_the_sessions_allocation(
     perf.mkdir()
     (suite.path / "test_train_step.py").rename(perf / "test_train_step.py")
     log = tmp_path / "nightly.log"
-    args = cluster_args(suite.path, tmp_path / "shared", "-k", "ws2")
+    args = cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-inject-faults")
     done = subprocess.run(
         ["sbatch", "--parsable", "--time=1", "--signal=B:TERM@30", f"--output={log}", "--partition=debug",
          str(wrapper), *args],

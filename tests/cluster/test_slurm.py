@@ -91,7 +91,9 @@ def test_a_two_node_session_is_recorded_judged_and_catches_a_slowdown_on_one_nod
     # rank 1 runs on n2: 4x its compute there, n1 untouched
     os.environ[FAULT_ENV] = "slow,rank=1,pct=300"
     try:
-        slowed = suite.runpytest_subprocess(*cluster_args(suite.path, shared, "-k", "ws2"), timeout=400)
+        slowed = suite.runpytest_subprocess(
+            *cluster_args(suite.path, shared, "-k", "ws2", "--perf-inject-faults"), timeout=400
+        )
     finally:
         del os.environ[FAULT_ENV]
     slowed.assert_outcomes(failed=1, deselected=1)
@@ -104,7 +106,7 @@ def test_a_rank_killed_mid_run_fails_its_case_with_the_step_and_the_rank(
 ) -> None:  # fmt: skip
     monkeypatch.setenv(FAULT_ENV, "sigkill,rank=1,phase=measure,step=2")
     result = suite.runpytest_subprocess(
-        *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2"), timeout=400
+        *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-inject-faults"), timeout=400
     )
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(
@@ -119,7 +121,10 @@ def test_a_hung_rank_meets_the_cases_deadline(
     monkeypatch.setenv(FAULT_ENV, "hang,rank=1,phase=measure,step=1")
     started = time.monotonic()
     result = suite.runpytest_subprocess(
-        *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-timeout", "10"), timeout=400
+        *cluster_args(
+            suite.path, tmp_path / "shared", "-k", "ws2", "--perf-timeout", "10", "--perf-inject-faults"
+        ),
+        timeout=400,
     )
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(
@@ -135,7 +140,15 @@ def test_an_allocation_past_its_time_limit_fails_the_case_running_on_it(
     monkeypatch.setenv(FAULT_ENV, "hang,rank=1,phase=measure,step=1")
     result = suite.runpytest_subprocess(
         *cluster_args(
-            suite.path, tmp_path / "shared", "-k", "ws2", "--perf-slurm-time", "1", "--perf-timeout", "400"
+            suite.path,
+            tmp_path / "shared",
+            "-k",
+            "ws2",
+            "--perf-slurm-time",
+            "1",
+            "--perf-timeout",
+            "400",
+            "--perf-inject-faults",
         ),
         timeout=500,
     )
@@ -169,7 +182,8 @@ def test_ctrl_c_during_a_run_cancels_the_step_and_the_allocation(
     suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
 ) -> None:
     env = {**os.environ, FAULT_ENV: "hang,rank=0,phase=measure,step=1"}
-    cmd = [sys.executable, "-m", "pytest", *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2")]
+    cmd = [sys.executable, "-m", "pytest",
+           *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-inject-faults")]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=suite.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not list((tmp_path / "shared").glob("*/*/srun.log")) and time.monotonic() < deadline:

@@ -23,7 +23,8 @@ def test_scaleguard_ab_cli_gates_and_saves_both_sides(
     done = subprocess.run(
         [sys.executable, "-m", "scaleguard.cli", "ab", "--a", sys.executable, "--b", sys.executable,
          "--b-env", f"{FAULT_ENV}=slow,pct=100", "--pairs", "6", "--markdown", str(out / "ab.md"),
-         "--plot", str(out / "ab.png"), "--save-dir", str(out), "test_train_step.py", *args],
+         "--plot", str(out / "ab.png"), "--save-dir", str(out), "test_train_step.py", *args,
+         "--perf-inject-faults"],
         cwd=suite.path, capture_output=True, text=True, timeout=380,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]

@@ -70,6 +70,8 @@ def _session(cwd: Path, baselines: Path, group: Path | None, fault: str | None, 
     if fault:
         env[FAULT_ENV] = fault
     command = [sys.executable, "-m", "pytest", "perf/", *SELECT, f"--perf-baselines={baselines}", *extra]
+    if fault:
+        command.append("--perf-inject-faults")
     if group is not None:  # the session joins the cgroup before anything of it starts
         command = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *command]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=550)

@@ -106,9 +106,43 @@ def test_failing_case_fails_only_itself_and_names_the_rank(
     suite: pytest.Pytester, process_tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(FAULT_ENV, "raise,rank=1,phase=warmup,step=1")
-    result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single,ddp")
+    result = suite.runpytest_subprocess(*FAST, "--perf-modes", "single,ddp", "--perf-inject-faults")
     result.assert_outcomes(passed=2, failed=1)  # ws1 cases have no rank 1 and still pass
-    result.stdout.fnmatch_lines(["*transformer_tiny-ddp-ws2-fp32-strong: rank 1: InjectedFault*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*FAULT INJECTED into every run (the environment): SCALEGUARD_INJECT_FAULT=raise,rank=1*",
+            "*transformer_tiny-ddp-ws2-fp32-strong: rank 1: InjectedFault*",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "extra", "says"),
+    [
+        (
+            "raise,rank=1",
+            (),
+            "*SCALEGUARD_INJECT_FAULT='raise,rank=1' is set (the environment)*--perf-inject-faults*",
+        ),
+        (
+            "explode",
+            ("--perf-inject-faults",),
+            "*SCALEGUARD_INJECT_FAULT='explode' (the environment) is no fault*",
+        ),
+        (
+            "slow,ms=x",
+            ("--perf-inject-faults",),
+            "*SCALEGUARD_INJECT_FAULT='slow,ms=x' (the environment) is no fault*",
+        ),
+    ],
+)
+def test_a_stray_or_bad_fault_variable_is_a_usage_error_before_any_run(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fault: str, extra: tuple[str, ...], says: str
+) -> None:
+    monkeypatch.setenv(FAULT_ENV, fault)
+    result = suite.runpytest_subprocess(*FAST, *extra)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([says])
 
 
 def test_bad_options_are_usage_errors(suite: pytest.Pytester) -> None:
@@ -173,6 +207,7 @@ def test_ctrl_c_during_a_case_leaves_no_process_and_no_baseline(
         "120",
         f"--perf-baselines={baselines}",
         "--perf-update-baselines",
+        "--perf-inject-faults",
         "--perf-threshold-step",
         "0.9",
     ]

@@ -22,7 +22,12 @@ def test_a_slow_rank_is_named_with_its_extra_compute_and_every_ranks_anatomy_is_
     monkeypatch.setenv(FAULT_ENV, "slow,rank=1,at=backward,ms=30")
     baselines, path = this_machines_baseline(tmp_path)
     result = suite.runpytest_subprocess(
-        *ARGS, "--perf-threads-per-rank", "1", f"--perf-baselines={baselines}", "--perf-update-baselines"
+        *ARGS,
+        "--perf-threads-per-rank",
+        "1",
+        f"--perf-baselines={baselines}",
+        "--perf-update-baselines",
+        "--perf-inject-faults",
     )
     result.assert_outcomes(passed=2)
     (ws2,) = json.loads(path.read_text())["cases"]["transformer_tiny-ddp-ws2-fp32-strong"].values()

@@ -62,7 +62,9 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
     before = json.loads(path.read_text())
 
     monkeypatch.setenv(FAULT_ENV, "commdelay,ms=150")  # every all-reduce bucket waits 150 ms
-    slowed = suite.runpytest_subprocess(*ARGS, f"--perf-baselines={baselines}", "--perf-update-baselines")
+    slowed = suite.runpytest_subprocess(
+        *ARGS, f"--perf-baselines={baselines}", "--perf-update-baselines", "--perf-inject-faults"
+    )
     slowed.assert_outcomes(passed=1, failed=1)
     out = slowed.stdout.str()
     # progress written while a passing test runs (ws1 comes first) is shown live, not captured

@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-FAULT_ENV = "SCALEGUARD_INJECT_FAULT"
+from scaleguard.case import FAULT_ENV
+
 KINDS = ("raise", "sigkill", "hang", "exit0", "nan", "oom", "commdelay", "slow")
 
 

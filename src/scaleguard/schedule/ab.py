@@ -20,14 +20,14 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy import stats as sps
 
-from scaleguard.case import CaseSpec
+from scaleguard.case import FAULT_ENV, CaseSpec
 from scaleguard.devices import defaults_for
 from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.records import ID_PATTERN
@@ -273,6 +273,13 @@ def paired_shift(
     return PairedShift(change, ci, float(law.sf(mean / se)), float(law.cdf(mean / se)), n, sd)
 
 
+def injected_fault(side: Side) -> str:
+    """The fault a side's ranks inject: its own environment's, else the session's (as
+    ``ranks.faults.requested`` reads it)."""
+    own = dict(side.interpreter.env).get(FAULT_ENV)
+    return (own if own is not None else os.environ.get(FAULT_ENV, "")).strip()
+
+
 @dataclass(frozen=True)
 class ABVerdict:
     case_id: str
@@ -400,10 +407,16 @@ class ABSession:
 
     def _run(self, side: Side, spec: CaseSpec) -> RunRecord:
         self._count += 1
-        return self.run(
+        run = self.run(
             spec, self.base_dir / f"{spec.case_id}.{side.label}{self._count}", self.timeout_s,
             interpreter=side.interpreter,
         )  # fmt: skip
+        fault = injected_fault(side)
+        if fault:  # allowed at configure (--perf-inject-faults); every record of it says so
+            run = replace(
+                run, notes=(*run.notes, f"fault injected on side {side.label}: {FAULT_ENV}={fault}")
+            )
+        return run
 
     def measure(self, spec: CaseSpec) -> ABVerdict:
         """Pairs until decided or the cap.
@@ -526,6 +539,11 @@ class ABSession:
             )
         if dropped:
             parts.append(f"{len(dropped)} pair(s) dropped: {dropped[0]}")
+        parts += [
+            f"fault injected on side {side.label}: {FAULT_ENV}={fault} (--perf-inject-faults)"
+            for side in (self.a, self.b)
+            if (fault := injected_fault(side))
+        ]
         story = (
             f"{spec.case_id} {status}: " + "; ".join(parts)
             + f"; torch {self.a.versions.get('torch')} (A) -> {self.b.versions.get('torch')} (B)"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scaleguard.case import CaseSpec
+from scaleguard.case import FAULT_ENV, CaseSpec
 from scaleguard.devices import defaults_for
 from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.runs import RunRecord
@@ -82,8 +82,11 @@ class PerfSession:
         sleep: Callable[[float], None] = time.sleep,
         on_run: Callable[[str], None] = lambda line: None,
         wait_quiet: Callable[[float], None] | None = None,
+        fault: str = "",
     ) -> None:
         self.ledger = ledger
+        # the fault every run carries (--perf-inject-faults): said in each run record and verdict
+        self.fault_note = f"fault injected: {FAULT_ENV}={fault} (--perf-inject-faults)" if fault else ""
         self.base_dir = base_dir
         self.timeout_s = timeout_s
         self.schedule = schedule
@@ -144,6 +147,9 @@ class PerfSession:
                 extra += 1
             verdict = self.ledger.judge(spec.case_id)
         self.ledger.complete(spec.case_id)
+        if verdict is not None and self.fault_note:
+            verdict = replace(verdict, story=f"{verdict.story} [{self.fault_note}]")
+            self.ledger.verdicts[spec.case_id] = verdict
         return verdict
 
     def _anchor_run(self, anchor: CaseSpec) -> bool:
@@ -178,6 +184,8 @@ class PerfSession:
                 self._errors[spec.case_id] = exc
                 self.ledger.fail(spec.case_id, exc.reason)
                 raise
+            if self.fault_note:
+                result = replace(result, notes=(*result.notes, self.fault_note))
             self.ledger.add(spec, result)
             if result.quarantine is None:
                 self._spoiled_cases = 0
