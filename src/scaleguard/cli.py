@@ -25,8 +25,7 @@ from scaleguard import options
 from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence import baseline, benchmark_io
 from scaleguard.evidence.baseline import BaselineError
-from scaleguard.evidence.document import content_id, inert
-from scaleguard.evidence.records import FileFormatError
+from scaleguard.evidence.document import FileFormatError, content_id, inert
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Thresholds, Verdict, decide
 from scaleguard.history.database import HistoryError
@@ -374,7 +373,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.format == "bmf":
             key, doc = export.bmf(figures, args.session)
-            from scaleguard.evidence.records import atomic_write_text
+            from scaleguard.evidence.document import atomic_write_text
 
             atomic_write_text(args.out, export.bmf_text(doc))
             # stored text is inert on the terminal and quoted in a command a user may paste
@@ -384,7 +383,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         else:
             made = export.otava(figures)
             args.out.mkdir(parents=True, exist_ok=True)
-            from scaleguard.evidence.records import atomic_write_text
+            from scaleguard.evidence.document import atomic_write_text
 
             for name, text in made.files.items():
                 assert Path(name).name == name  # export.otava_file_name: never a path
@@ -412,7 +411,7 @@ def cmd_hardware_key(args: argparse.Namespace) -> int:
         lo, hi = INTEGER_BOUNDS["threads-per-rank"]  # the suite's own bound: a key it could make
         if not lo <= args.threads_per_rank <= hi:
             raise UsageProblem(
-                f"--threads-per-rank takes an integer in [{lo}, {hi}], got {args.threads_per_rank}"
+                f"--threads-per-rank takes a positive integer up to {hi}, got {args.threads_per_rank}"
             )
     threads = args.threads_per_rank or max(1, (os.cpu_count() or 1) // 2)
     print(baseline.host_hardware_key(host, device, threads))

@@ -129,7 +129,7 @@ def test_a_threshold_or_pattern_is_checked_where_no_run_matches(
     assert cli.main(["history", "--history", str(db), "--threshold-step", "abc"]) == 2
     assert "not a number" in capsys.readouterr().err
     assert cli.main(["hardware-key", "--threads-per-rank", str(10**14)]) == 2
-    assert "--threads-per-rank takes an integer in [1, 4096]" in capsys.readouterr().err
+    assert "--threads-per-rank takes a positive integer up to 4096" in capsys.readouterr().err
 
 
 def test_an_unwritable_default_history_leaves_the_session_without_one_and_says_so(

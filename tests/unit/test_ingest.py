@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from scaleguard.cli import main as cli_main
-from scaleguard.evidence.records import RankResult, atomic_write_json
+from scaleguard.evidence.document import atomic_write_json
+from scaleguard.evidence.records import RankResult
 from scaleguard.evidence.runs import RunRecord, run_file
 from scaleguard.schedule import torchrun_entry
 from tests.conftest import tiny_spec

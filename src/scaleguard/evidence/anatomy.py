@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaleguard.evidence.records import MAX_STEP_S, Fields
+from scaleguard.evidence.document import MAX_STEP_S, Fields
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the boundaries of one phased step
 CATEGORIES = (*PHASES, "exposed communication")

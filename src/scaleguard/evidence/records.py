@@ -3,8 +3,7 @@ stopped), and where a run's wall time went (``phase_breakdown``). The parent fol
 results into its one ``RunRecord`` (``evidence.runs``).
 
 Both are read through the one validating reader in ``document`` (their fields declare their
-readers), whose names are re-exported here for the readers that take a rank's file and its
-fields together.
+readers); its names are imported from there, never through here (one import path each).
 """
 
 from __future__ import annotations
@@ -16,17 +15,7 @@ from enum import Enum
 from typing import Any
 
 from scaleguard.evidence.document import (
-    ID_PATTERN,
-    MAX_FILE_BYTES,
-    MAX_ITEMS,
-    MAX_SAMPLES,
-    MAX_STEP_S,
     Fields,
-    FileFormatError,
-    atomic_write_json,
-    atomic_write_text,
-    content_id,
-    read_document,
     read_flag,
     read_floats,
     read_ident,
@@ -43,25 +32,6 @@ from scaleguard.evidence.document import (
     stored,
 )
 from scaleguard.schema import SCHEMA_VERSION
-
-__all__ = [
-    "ID_PATTERN",
-    "MAX_FILE_BYTES",
-    "MAX_ITEMS",
-    "MAX_SAMPLES",
-    "MAX_STEP_S",
-    "Fields",
-    "FileFormatError",
-    "RankFailure",
-    "RankPhase",
-    "RankResult",
-    "atomic_write_json",
-    "atomic_write_text",
-    "content_id",
-    "phase_breakdown",
-    "read_document",
-]
-
 
 _RANK_FIX = "a scaleguard bug: report it with this file"
 

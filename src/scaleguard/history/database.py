@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from scaleguard.evidence.records import ID_PATTERN as CASE_ID
-from scaleguard.evidence.records import MAX_STEP_S
+from scaleguard.evidence.document import ID_PATTERN as CASE_ID
+from scaleguard.evidence.document import MAX_STEP_S
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.history.changepoints import detect
@@ -488,7 +488,7 @@ def appendable(batches: Sequence[Batch], path: Path) -> list[tuple[Any, ...]]:
     the file exit 2 (a 450-character device name in a derived key did). Pure: call it before the
     file is created, so a refused import leaves nothing behind."""
     from scaleguard.evidence.baseline import check_key
-    from scaleguard.evidence.records import FileFormatError
+    from scaleguard.evidence.document import FileFormatError
 
     rows = []
     for cases, hardware_key, source, verdicts, suite_commit in batches:

@@ -33,13 +33,8 @@ from torch import nn
 from scaleguard.case import CaseSpec
 from scaleguard.evidence import anatomy
 from scaleguard.evidence.anatomy import PHASES, PhasedStep
-from scaleguard.evidence.records import (
-    RankFailure,
-    RankPhase,
-    RankResult,
-    atomic_write_json,
-    atomic_write_text,
-)
+from scaleguard.evidence.document import atomic_write_json, atomic_write_text
+from scaleguard.evidence.records import RankFailure, RankPhase, RankResult
 from scaleguard.evidence.steady import WarmupPolicy
 from scaleguard.machine.env import cpu_model, runtime_versions
 from scaleguard.machine.placement import bound_cpus, slurm_placement

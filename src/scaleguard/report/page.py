@@ -189,6 +189,6 @@ def _scaling_curves(rows: Sequence[history.HistoryRow]) -> list[str]:
 
 
 def write(path: Path, rows: Sequence[history.HistoryRow], settings: ThresholdSettings | None = None) -> None:
-    from scaleguard.evidence.records import atomic_write_text
+    from scaleguard.evidence.document import atomic_write_text
 
     atomic_write_text(path, render(rows, settings=settings))

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scaleguard.schedule.preflight")
     parser.add_argument("--out", required=True, type=Path, help="the shared directory for <node>.json")
     args = parser.parse_args(argv)
-    from scaleguard.evidence.records import atomic_write_json
+    from scaleguard.evidence.document import atomic_write_json
 
     report = node_report()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -41,13 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.document import inert
-from scaleguard.evidence.records import (
-    FileFormatError,
-    RankFailure,
-    atomic_write_json,
-    read_document,
-)
+from scaleguard.evidence.document import FileFormatError, atomic_write_json, inert, read_document
+from scaleguard.evidence.records import RankFailure
 from scaleguard.evidence.runs import RunRecord
 from scaleguard.machine import processes
 from scaleguard.ranks.protocol import CaseFailedError, Interpreter
