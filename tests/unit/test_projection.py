@@ -165,3 +165,35 @@ def test_a_scaling_change_is_split_by_counterfactual_and_named_past_half(
     assert (cause.named or "").startswith(named or "") and (cause.named is None) is (named is None)
     text = cause.describe("step")
     assert ("rank 1 computes 20.0 ms/step more" in text) is (named == "a straggler"), text
+
+
+def _placed(ranks: int, threads: int, host_cores: int, hosts: int = 1) -> dict:
+    return {
+        str(r): {"node": f"n{r}", "host": f"box{r % hosts}", "host_cores": host_cores, "threads": threads}
+        for r in range(ranks)
+    }
+
+
+@pytest.mark.parametrize(
+    ("placement", "withheld"),
+    [
+        (_placed(2, 1, 2), False),  # two ranks of one thread on two cores: each computes at once
+        (_placed(4, 1, 2), True),  # four "nodes" of one host: they take turns
+        (_placed(2, 2, 2), True),  # two threads each on two cores
+        (_placed(4, 1, 2, hosts=2), False),  # two hosts of two cores, two ranks each
+        ({}, False),  # an older run without hosts: projected as before
+    ],
+)
+def test_ranks_that_time_share_a_hosts_cores_are_not_projected(placement: dict, withheld: bool) -> None:
+    from scaleguard.evidence.ledger import Ledger
+    from scaleguard.evidence.projection import time_shared
+    from tests.conftest import tiny_spec
+
+    said = time_shared(placement)
+    assert (said is not None) is withheld
+    ledger = Ledger("s")
+    spec = tiny_spec(world_size=2)
+    ledger.add(spec, dataclasses.replace(run(0.05, seed=2), placement=placement))
+    assert ledger.projection_withheld(spec.case_id) == said
+    if said is not None:
+        assert "time-share the 2 cores of box0" in said and ledger.projection(spec.case_id) is None

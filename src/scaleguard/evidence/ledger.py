@@ -20,7 +20,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.devices import defaults_for
 from scaleguard.evidence import baseline
 from scaleguard.evidence.baseline import BaselineFile
-from scaleguard.evidence.projection import Projection, project
+from scaleguard.evidence.projection import Projection, project, time_shared
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of, utc_now
 from scaleguard.evidence.verdict import (
     CaseRule,
@@ -160,6 +160,8 @@ class Ledger:
         anchor = self.anchor(spec)
         if anchor is None or spec.mode != "ddp" or spec.settings.shared_gpu:
             return None
+        if self.projection_withheld(case_id):
+            return None
 
         def evidence_runs(cid: str) -> list[RunRecord]:
             runs = self.records[cid]
@@ -170,6 +172,14 @@ class Ledger:
             spec.per_rank_batch, spec.world_size, anchor.global_batch, spec.global_batch,
             defaults_for(spec.device).comm_overlaps,
         )  # fmt: skip
+
+    def projection_withheld(self, case_id: str) -> str | None:
+        """Why a multi-rank case has no projection although it could: its last run's ranks
+        time-shared a host's cores (``evidence.projection.time_shared``)."""
+        runs = self.records.get(case_id) or []
+        if self.specs[case_id].world_size < 2 or not runs:
+            return None
+        return time_shared(runs[-1].placement)
 
     def _ws1_case(self, group_id: str) -> str | None:
         return next(

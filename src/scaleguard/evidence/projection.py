@@ -352,3 +352,25 @@ def explain_projection(projection: Projection, new: Sequence[Any]) -> Cause | No
         gap_ms=gap, compute_ms=d_compute, comm_ms=0.0, rest_ms=gap - d_compute, straggler=straggler,
         comm_alone=(comm, comm),
     )  # fmt: skip
+
+
+def time_shared(placement: dict[str, Any]) -> str | None:
+    """Why ranks cannot be projected: more compute threads on one host than it has cores, so
+    its ranks take turns where the projection assumes each computes at once (four "nodes" of a
+    one-host test cluster, eight ranks of one thread on two cores). None when each rank's
+    threads fit, or where the run did not record its hosts (older runs)."""
+    by_host: dict[str, list[tuple[int, int]]] = {}
+    for facts in placement.values():
+        if not isinstance(facts, dict):
+            continue
+        host, cores, threads = facts.get("host"), facts.get("host_cores"), facts.get("threads")
+        if isinstance(host, str) and type(cores) is int and type(threads) is int:
+            by_host.setdefault(host, []).append((max(1, threads), max(1, cores)))
+    for host, ranks in sorted(by_host.items()):
+        threads, cores = sum(t for t, _ in ranks), ranks[0][1]
+        if threads > cores:
+            return (
+                f"{len(ranks)} ranks ({threads} threads) time-share the {cores} cores of {host[:60]}: "
+                "no projection (it assumes every rank computes at once)"
+            )
+    return None

@@ -38,6 +38,10 @@ def slurm_placement(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     left out; outside Slurm only the host and the CPUs)."""
     facts: dict[str, Any] = {
         "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
+        # the machine itself, and its cores: Slurm "nodes" may be one host (a test cluster, an
+        # oversubscribed partition), whose ranks then time-share its cores
+        "host": socket.gethostname(),
+        "host_cores": os.cpu_count() or 1,
         "cpus": compact_cpus(bound_cpus()),
     }
     for key, name in (

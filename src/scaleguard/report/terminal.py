@@ -149,6 +149,8 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
             notes += bandwidth_bound_notes(ledger, spec, evidence)
             if projected is not None:
                 notes.append(projected.describe(evidence.efficiency()))
+            elif (withheld := ledger.projection_withheld(case_id)) is not None:
+                notes.append(f"ws{spec.world_size}: {withheld}")
             note = throughput_note(spec, metrics.throughput(spec, evidence, device_name, peak_override))
             notes += [note] if note else []
             anatomies = [r.anatomy for r in runs if r.anatomy]
