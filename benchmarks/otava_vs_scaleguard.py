@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -204,11 +205,58 @@ def score(found: list[int], truth: list[int], tolerance: int = 3) -> tuple[int, 
     return hit, len(found) - len(used), errors
 
 
+TIMING_WORKER = r"""
+import json, sys, time
+from otava.analysis import compute_change_points
+out = []
+for job in json.load(sys.stdin):
+    start = time.perf_counter()
+    cps, _ = compute_change_points(job["series"], window_len=50, max_pvalue=0.001, min_magnitude=0.0)
+    out.append([time.perf_counter() - start, len(cps)])
+json.dump(out, sys.stdout)
+"""
+
+
+def timing(python: str | None, lengths: list[int]) -> None:
+    """Seconds for one series of each length (1 % noise, a +5 % step in the middle), ours and
+    Otava's (window 50, its default), each alone in its process: the detector's cost at years of
+    nights, up to the 200,000 rows one view reads (issue 41)."""
+    print("## Time for one series (1 % noise, one +5 % step; max_pvalue 0.001)\n")
+    print("| nights | scaleguard: s (change points) | Otava 0.8.0: s (change points) |")
+    print("| --- | --- | --- |")
+    rng = np.random.default_rng(41)
+    for n in lengths:
+        series = 0.1 * np.exp(rng.normal(0, 0.01, n))
+        series[n // 2 :] *= 1.05
+        start = time.perf_counter()
+        found = changepoints.detect(series.tolist(), 0.001, 0.0, 3)
+        mine = f"{time.perf_counter() - start:.2f} ({len(found)})"
+        theirs = "-"
+        if python is not None:
+            job = json.dumps([{"series": series.tolist()}])
+            done = subprocess.run(
+                [python, "-c", TIMING_WORKER], input=job, capture_output=True, text=True, check=True
+            )
+            seconds, count = json.loads(done.stdout)[0]
+            theirs = f"{seconds:.2f} ({count})"
+        print(f"| {n:,} | {mine} | {theirs} |")
+    print()
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--series", type=int, default=200)
+    parser.add_argument(
+        "--timing", type=str, default="", metavar="N,N",
+        help="only time one series of each length (e.g. 10000,200000); --no-otava: ours alone",
+    )  # fmt: skip
+    parser.add_argument("--no-otava", action="store_true")
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "otava-venv")
     args = parser.parse_args()
+    if args.timing:
+        timing(None if args.no_otava else otava_python(args.venv), [int(n) for n in args.timing.split(",")])
+        return
     python = otava_python(args.venv)
     if not subprocess.run([python, "-c", "import yaml"], capture_output=True).returncode == 0:
         subprocess.run([python, "-m", "pip", "install", "-q", "pyyaml"], check=True)
