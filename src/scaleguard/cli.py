@@ -323,7 +323,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
             print(out(f"  {night.recorded_at[:19]}  {night.value * 1e3:9.2f} ms  {night.runs} runs  {build}"
                       f"  {'/'.join(verdicts) or '-'}  [{night.session}]"))  # fmt: skip
-        magnitude = history.min_magnitude_for(key, case_id, settings)
+        magnitude = history.min_magnitude_for(key, case_id, settings, history.device_of(case_rows))
         for point in history.case_change_points(nights, min_magnitude=magnitude):
             before, after = point.before, point.after
             assert before is not None and after is not None

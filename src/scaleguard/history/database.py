@@ -26,7 +26,7 @@ import stat
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,7 @@ class HistoryRow:
     quarantine: str | None
     verdict: str | None
     samples_per_s: float | None = None
+    device: str | None = None  # "cpu" or "cuda": the case's, as recorded with the run
 
 
 _COLUMNS = (
@@ -341,7 +342,8 @@ class History:
                 )
             query = (
                 "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
-                f"median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s FROM runs {where} "
+                "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
+                f"json_extract(record, '$.case.config.device') FROM runs {where} "
                 "ORDER BY hardware_key, case_id, recorded_at, run_id"
             )
             raw = self._db.execute(query, args).fetchall()
@@ -369,6 +371,8 @@ def _checked_row(
 ) -> HistoryRow:
     """One stored run, every field of the type the page and the statistics need."""
     row = HistoryRow(*raw)
+    if row.device is not None and row.device not in ("cpu", "cuda"):
+        row = replace(row, device=None)  # advisory (the change points' smallest step): dropped
 
     def bad(field: str) -> HistoryError:
         return HistoryError(
@@ -466,11 +470,21 @@ def change_points(
     ]
 
 
-def min_magnitude_for(hardware_key: str, case_id: str, settings: ThresholdSettings | None = None) -> float:
+def min_magnitude_for(
+    hardware_key: str, case_id: str, settings: ThresholdSettings | None = None, device: str | None = None
+) -> float:
     """The smallest change of level worth a change point for a case: its step threshold on its
-    device (CPU 10 %, CUDA 3 % by default; per-case rules apply), never one figure for all."""
-    device = "cpu" if hardware_key.startswith("cpu-") else "cuda"
+    device (CPU 10 %, CUDA 3 % by default; per-case rules apply), never one figure for all. The
+    device is the one recorded with the case's runs; only rows without it fall back to the key's
+    form (``cpu-...`` or a cluster's ``slurm-cpu-...``, which the old prefix test took for CUDA)."""
+    if device not in ("cpu", "cuda"):
+        device = "cpu" if hardware_key.startswith(("cpu-", "slurm-cpu-")) else "cuda"
     return (settings or ThresholdSettings()).for_case(case_id, device).step
+
+
+def device_of(rows: Sequence[HistoryRow]) -> str | None:
+    """The device recorded with a case's runs (the latest that says), for ``min_magnitude_for``."""
+    return next((r.device for r in reversed(rows) if r.device in ("cpu", "cuda")), None)
 
 
 def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:

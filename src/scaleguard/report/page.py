@@ -81,7 +81,7 @@ def render(
         for name in options:
             options[name].add(parts[name])
         nights = history.nightly(case_rows)
-        magnitude = history.min_magnitude_for(key, case_id, settings)
+        magnitude = history.min_magnitude_for(key, case_id, settings, history.device_of(case_rows))
         points = history.case_change_points(nights, min_magnitude=magnitude)
         fig = go.Figure()
         for torch in sorted({r.torch or "unknown" for r in case_rows}):
