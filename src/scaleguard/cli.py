@@ -348,6 +348,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from scaleguard.history import export
 
     check_patterns(args)
+    config_from(args, writes_history=False)  # --history read by the suite's one reader
     if args.format == "bmf":
         check_output(args.out, "--out", (".json",))
     else:  # a dangling link, a file, a directory this user cannot write: said now, by name

@@ -146,3 +146,17 @@ def test_an_unwritable_default_history_leaves_the_session_without_one_and_says_s
     monkeypatch.undo()
     assert plugin._default_history_or_none(PerfConfig(), tmp_path, said.append).record_history
     assert len(said) == 1
+
+
+def test_a_server_url_as_history_is_refused_with_its_password_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    dsn = "postgresql://sg:PASSWORD@127.0.0.1:1/sg"
+    with pytest.raises(ConfigError, match=r"postgresql://sg:\*\*\*@127\.0\.0\.1:1/sg: a server history"):
+        read({"history": dsn})
+    for argv in (["history", "--history", dsn], ["export", "--format", "otava", "--out", "o", "--history", dsn]):
+        assert cli.main(argv) == 2
+        said = capsys.readouterr()
+        assert "a server history is not supported" in said.err and "PASSWORD" not in said.out + said.err
+    assert not list(tmp_path.rglob("*"))  # no SQLite file made at a path holding the password
