@@ -49,8 +49,7 @@ def test_a_four_node_night_asks_for_gpus_per_task_and_each_rank_records_what_it_
     assert key.startswith("slurm-cpu-") and key.endswith("-1t-2pn")
     runs = _records(suite.path / "baselines")
     assert sorted(runs) == [f"transformer_tiny-ddp-ws{n}-fp32-strong" for n in (1, 2, 4, 8)]
-    # eight ranks time-sharing two cores scale far below what ws1 projects (BELOW-PROJECTION: a
-    # warning, with confirm runs, each recorded): every run carries its placement
+    # every run carries its placement (eight ranks time-sharing two cores: no projection)
     ws8 = runs["transformer_tiny-ddp-ws8-fp32-strong"][-1]
     placement = ws8["placement"]
     assert sorted(placement, key=int) == [str(r) for r in range(8)]
@@ -82,7 +81,6 @@ def test_gpus_per_node_let_every_rank_of_a_node_see_the_nodes_gpus(
     )  # fmt: skip
     result = suite.runpytest_subprocess(*args, timeout=400)
     result.assert_outcomes(passed=1, deselected=1)  # ws1 and ws4 planned
-    # (four ranks on two cores may scale below their projection: confirm runs, each recorded)
     ws4 = _records(suite.path / "baselines")["transformer_tiny-ddp-ws4-fp32-strong"][-1]
     assert [ws4["placement"][str(r)]["cuda_visible_devices"] for r in range(4)] == ["0,1"] * 4
 

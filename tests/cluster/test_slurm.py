@@ -45,6 +45,11 @@ def cluster_args(root: Path, shared: Path, *extra: str) -> list[str]:
         "2",
         "--perf-threads-per-rank",
         "1",
+        # no confirm runs: ranks time-sharing this host's two cores are too noisy for them to
+        # settle anything, and each costs a step on every node (the verdicts' power is
+        # measured apart; the session tests on one machine test confirm runs)
+        "--perf-confirm",
+        "0",
         "--perf-slurm-dir",
         str(shared),
         "-p",

@@ -49,7 +49,7 @@ def bisect(suite: pytest.Pytester, *builds: str) -> subprocess.CompletedProcess[
     return subprocess.run(
         [sys.executable, "-m", "scaleguard.cli", "bisect", *builds, "--", "test_train_step.py",
          "--perf-models", "transformer_tiny", "--perf-modes", "single", "--perf-scaling", "strong",
-         "--perf-steps", "10", "--perf-warmup", "3", "--perf-no-load-check", "--perf-ab-pairs", "6", "--perf-threshold-step", "0.6"],
+         "--perf-steps", "5", "--perf-warmup", "2", "--perf-no-load-check", "--perf-ab-pairs", "6", "--perf-threshold-step", "0.6"],
         cwd=suite.path, capture_output=True, text=True, timeout=840,
     )  # fmt: skip
 
