@@ -121,13 +121,17 @@ def _prefix_l1(a: np.ndarray) -> np.ndarray:
     """``out[k-1]`` = sum of |a_i - median(a_0..a_{k-1})| over the first k values, for every k
     (two heaps keep the running median and the sums on each side: O(m log m); one push-pop a
     value, the hot loop of the search)."""
+    return np.asarray(_prefix_l1_list(a.tolist()))
+
+
+def _prefix_l1_list(values: list[float]) -> list[float]:
     from heapq import heappush, heappushpop
 
     low: list[float] = []  # max-heap (negated): the lower half, its top the median
     high: list[float] = []  # min-heap: the upper half
     s_low = s_high = 0.0
     out = []
-    for k, value in enumerate(a.tolist()):
+    for k, value in enumerate(values):
         if k % 2 == 0:  # halves equal: the value goes through the upper half, its least moves down
             moved = heappushpop(high, value) if high else value
             heappush(low, -moved)
@@ -143,7 +147,7 @@ def _prefix_l1(a: np.ndarray) -> np.ndarray:
             n_low = n_high = (k + 1) // 2
         median = -low[0]
         out.append(median * n_low - s_low + s_high - median * n_high)
-    return np.asarray(out)
+    return out
 
 
 def _best_split(seg: np.ndarray, min_size: int) -> tuple[int, float]:
@@ -155,6 +159,12 @@ def _best_split(seg: np.ndarray, min_size: int) -> tuple[int, float]:
     m = seg.size
     if m > EXACT_SPLIT_MAX:
         return _long_split(seg, min_size)
+    if m <= SMALL:  # most segments of a long series: lists, without numpy's cost per call
+        values = seg.tolist()
+        ahead = _prefix_l1_list(values)
+        behind = _prefix_l1_list(values[::-1])[::-1]  # behind[k] = cost of values[k:]
+        at = min(range(min_size, m - min_size + 1), key=lambda k: ahead[k - 1] + behind[k])
+        return at, ahead[-1] - (ahead[at - 1] + behind[at])
     left = _prefix_l1(seg)
     right = _prefix_l1(seg[::-1])[::-1]  # right[k] = cost of seg[k:]
     splits = np.arange(min_size, m - min_size + 1)
@@ -271,11 +281,18 @@ def _test(left: np.ndarray, right: np.ndarray, trim: float, scale: str) -> tuple
     on trimmed means (Yuen's, trimmed only where a side holds an outlier) with one pooled
     winsorised variance. Two flat sides are decided exactly: the same level is p = 1, two
     different levels p = 0 (a NaN p-value must never read as a change)."""
+    return _test_of((*_trimmed(left, trim), left.size), (*_trimmed(right, trim), right.size), scale)
+
+
+Side = tuple[float, float, int, int]  # a segment's (trimmed mean, winsorised variance, h, n)
+
+
+def _test_of(left: Side, right: Side, scale: str) -> tuple[float, float]:
+    """``_test`` from each side's statistics (the merge computes a segment's once)."""
     from scipy.special import stdtr
 
-    m1, v1, h1 = _trimmed(left, trim)
-    m2, v2, h2 = _trimmed(right, trim)
-    n1, n2 = left.size, right.size
+    m1, v1, h1, n1 = left
+    m2, v2, h2, n2 = right
     if v1 == 0 and v2 == 0 and abs(m2 - m1) <= 1e-12 * max(1.0, abs(m1), abs(m2)):
         return 1.0, 0.0
     if scale == "log":
@@ -310,8 +327,12 @@ def _searched_test(
     and none at all let noise through (9 false change points in 200 flat series at 12 %);
     0.5 kept 193 of 200 with 2 (docs/measured.md)."""
     p, change = _test(left, right, trim, scale)
-    places = max(1, left.size + right.size - 2 * min_size + 1)
-    return min(1.0, p * places**SEARCH_EXPONENT), change
+    return min(1.0, p * _places(left.size + right.size, min_size) ** SEARCH_EXPONENT), change
+
+
+def _places(nights: int, min_size: int) -> int:
+    """Where a split of ``nights`` could go, each side keeping ``min_size``."""
+    return max(1, nights - 2 * min_size + 1)
 
 
 def _magnitude(change: float) -> float:
@@ -338,6 +359,15 @@ def _merge(
 
     n = len(points)
     bounds = [0, *points, x.size]  # node j in 1..n is points[j - 1]; 0 and n + 1 are the ends
+    # a segment's statistics do not change until it is merged: computed once, shared by the
+    # points either side of it (a removal computes one new segment, not four sides)
+    sides: dict[tuple[int, int], Side] = {}
+
+    def side(lo: int, hi: int) -> Side:
+        found = sides.get((lo, hi))
+        if found is None:
+            found = sides[(lo, hi)] = (*_trimmed(x[lo:hi], trim), hi - lo)
+        return found
     prev, after = list(range(-1, n + 1)), list(range(1, n + 3))
     alive = [True] * (n + 2)
     version = [0] * (n + 2)
@@ -345,9 +375,9 @@ def _merge(
     by_magnitude: list[tuple[float, int, int]] = []  # (magnitude, node, version): the smallest
 
     def score(j: int) -> None:
-        p, change = _searched_test(
-            x[bounds[prev[j]] : bounds[j]], x[bounds[j] : bounds[after[j]]], trim, scale, min_size
-        )
+        lo, mid, hi = bounds[prev[j]], bounds[j], bounds[after[j]]
+        p, change = _test_of(side(lo, mid), side(mid, hi), scale)
+        p = min(1.0, p * _places(hi - lo, min_size) ** SEARCH_EXPONENT)  # as _searched_test
         version[j] += 1
         heappush(by_p, (-p, j, version[j]))
         heappush(by_magnitude, (_magnitude(change), j, version[j]))
