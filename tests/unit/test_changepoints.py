@@ -168,12 +168,20 @@ def test_the_smallest_change_point_follows_the_device_recorded_with_the_runs(tmp
     from tests.unit.test_history import nights
 
     # a cluster's CPU key: the old prefix test took it for CUDA (3 %) instead of CPU (10 %)
-    assert history.min_magnitude_for("slurm-cpu-amd-epyc-1t-1pn", "m-ddp-ws1-fp32-strong") == pytest.approx(0.10)
+    assert history.min_magnitude_for("slurm-cpu-amd-epyc-1t-1pn", "m-ddp-ws1-fp32-strong") == pytest.approx(
+        0.10
+    )
     db = tmp_path / "h.sqlite"
     with history.History(db) as h:  # a key that says nothing of the device; the runs' case does
-        h.append([replace(n, config={**n.config, "device": "cpu"}) for n in nights([0.1, 0.1])], "lab-box-7", "suite")
+        h.append(
+            [replace(n, config={**n.config, "device": "cpu"}) for n in nights([0.1, 0.1])],
+            "lab-box-7",
+            "suite",
+        )
     with history.History(db, readonly=True) as h:
         rows = h.rows()
     assert history.device_of(rows) == "cpu"
     assert history.min_magnitude_for("lab-box-7", rows[0].case_id, None, "cpu") == pytest.approx(0.10)
-    assert history.min_magnitude_for("lab-box-7", rows[0].case_id) == pytest.approx(0.03)  # no device: the key's form
+    assert history.min_magnitude_for("lab-box-7", rows[0].case_id) == pytest.approx(
+        0.03
+    )  # no device: the key's form

@@ -155,7 +155,10 @@ def test_a_server_url_as_history_is_refused_with_its_password_masked(
     dsn = "postgresql://sg:PASSWORD@127.0.0.1:1/sg"
     with pytest.raises(ConfigError, match=r"postgresql://sg:\*\*\*@127\.0\.0\.1:1/sg: a server history"):
         read({"history": dsn})
-    for argv in (["history", "--history", dsn], ["export", "--format", "otava", "--out", "o", "--history", dsn]):
+    for argv in (
+        ["history", "--history", dsn],
+        ["export", "--format", "otava", "--out", "o", "--history", dsn],
+    ):
         assert cli.main(argv) == 2
         said = capsys.readouterr()
         assert "a server history is not supported" in said.err and "PASSWORD" not in said.out + said.err

@@ -368,6 +368,7 @@ def _merge(
         if found is None:
             found = sides[(lo, hi)] = (*_trimmed(x[lo:hi], trim), hi - lo)
         return found
+
     prev, after = list(range(-1, n + 1)), list(range(1, n + 3))
     alive = [True] * (n + 2)
     version = [0] * (n + 2)
