@@ -29,6 +29,47 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")
 MAX_BATCH = 2**31
 # a deliberate fault in every run of a case (ranks.faults reads it; --perf-inject-faults allows it)
 FAULT_ENV = "SCALEGUARD_INJECT_FAULT"
+FAULT_KINDS = ("raise", "sigkill", "hang", "exit0", "nan", "oom", "commdelay", "slow")
+
+
+def fault_fields(text: str) -> dict[str, Any]:
+    """The fields of a ``FAULT_ENV`` value (``kind,key=value,...``; ``ranks.faults.FaultSpec``
+    holds them), or ValueError saying what is wrong. Torch-free: read at configure."""
+    kind, *pairs = [p.strip() for p in text.split(",") if p.strip()] or [""]
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"{FAULT_ENV}: unknown fault {kind!r}; known: {', '.join(FAULT_KINDS)}")
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        values[key] = value
+    unknown = set(values) - {"rank", "phase", "step", "ms", "pct", "at", "on"}
+    if unknown:
+        raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
+
+    def number(key: str, kind: type, default: float) -> Any:
+        try:
+            return kind(values[key]) if key in values else default
+        except ValueError:
+            raise ValueError(f"{FAULT_ENV}: {key}={values[key][:20]!r} is not a number") from None
+
+    def choice(key: str, allowed: tuple[str, ...]) -> str:
+        value = values.get(key, allowed[0])
+        if value not in allowed:
+            raise ValueError(f"{FAULT_ENV}: {key}={value!r}; choose from {', '.join(allowed)}")
+        return value
+
+    return {
+        "kind": kind,
+        "rank": number("rank", int, 0) if "rank" in values else None,
+        "phase": values.get("phase", "measure"),
+        "step": number("step", int, 0),
+        "ms": number("ms", float, 0.0),
+        "pct": number("pct", float, 0.0),
+        "at": choice("at", ("step", "backward")),
+        "on": choice("on", ("device", "host")),
+    }
+
+
 # a workload is named by an import path, ``package.module:attribute`` (``#i``: the i-th of a list)
 WORKLOAD_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*(#\d{1,4})?")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scaleguard.case import FAULT_ENV, INPUTS, MODES, PRECISIONS, SCALINGS
+from scaleguard.case import FAULT_ENV, INPUTS, MODES, PRECISIONS, SCALINGS, fault_fields
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.schedule.matrix import MatrixOptions, parse_csv, parse_world_sizes
 from scaleguard.schedule.slurm import SlurmOptions
@@ -304,12 +304,10 @@ def _injected_faults(
             f"{FAULT_ENV}={fault[:60]!r} is set ({where}): every run would carry a deliberate fault. "
             "Unset it, or pass --perf-inject-faults for a test of the harness"
         )
-    from scaleguard.ranks.faults import FaultSpec  # torch: imported only when a fault is asked for
-
     for where, fault in given:
         try:
-            FaultSpec.parse(fault)
-        except (ValueError, IndexError) as exc:
+            fault_fields(fault)  # the grammar alone, torch-free: configure stays light
+        except ValueError as exc:
             raise ConfigError(f"{FAULT_ENV}={fault[:60]!r} ({where}) is no fault: {exc}") from None
     return tuple(given)
 

@@ -31,9 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaleguard.case import FAULT_ENV
-
-KINDS = ("raise", "sigkill", "hang", "exit0", "nan", "oom", "commdelay", "slow")
+from scaleguard.case import FAULT_ENV, fault_fields
 
 
 class InjectedFault(RuntimeError):
@@ -53,26 +51,9 @@ class FaultSpec:
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
-        kind, *pairs = [p.strip() for p in text.split(",") if p.strip()]
-        if kind not in KINDS:
-            raise ValueError(f"{FAULT_ENV}: unknown fault {kind!r}; known: {', '.join(KINDS)}")
-        values: dict[str, str] = {}
-        for pair in pairs:
-            key, _, value = pair.partition("=")
-            values[key] = value
-        unknown = set(values) - {"rank", "phase", "step", "ms", "pct", "at", "on"}
-        if unknown:
-            raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
-        return cls(
-            kind=kind,
-            rank=int(values["rank"]) if "rank" in values else None,
-            phase=values.get("phase", "measure"),
-            step=int(values.get("step", 0)),
-            ms=float(values.get("ms", 0.0)),
-            pct=float(values.get("pct", 0.0)),
-            at=_choice(values.get("at", "step"), ("step", "backward"), "at"),
-            on=_choice(values.get("on", "device"), ("device", "host"), "on"),
-        )
+        """``SCALEGUARD_INJECT_FAULT``'s value (its grammar is ``case.fault_fields``, torch-free:
+        the suite checks a value at configure without importing torch)."""
+        return cls(**fault_fields(text))
 
     def applies(self, rank: int, phase: str, step: int) -> bool:
         return (self.rank is None or self.rank == rank) and self.phase == phase and self.step == step
@@ -189,12 +170,6 @@ def requested(side_env: Mapping[str, str] | None = None) -> str:
     side of a paired A/B), which wins over the parent's."""
     text = (side_env or {}).get(FAULT_ENV, os.environ.get(FAULT_ENV, ""))
     return text.strip()
-
-
-def _choice(value: str, allowed: tuple[str, ...], key: str) -> str:
-    if value not in allowed:
-        raise ValueError(f"{FAULT_ENV}: {key}={value!r}; choose from {', '.join(allowed)}")
-    return value
 
 
 def _proportional_spin(
