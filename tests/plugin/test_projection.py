@@ -53,7 +53,13 @@ def test_a_straggler_without_a_baseline_is_below_its_projection_and_named(
     # rank 1 waits 40 ms in every backward of a ~35 ms step: ws2 runs near half its projection
     monkeypatch.setenv(FAULT_ENV, "slow,rank=1,at=backward,ms=40")
     baselines, _ = this_machines_baseline(tmp_path)
-    extra = ["--perf-inject-faults", *(["--perf-fail-below-projection"] if gate else [])]
+    # no load check: the straggler (40 ms a step) is far beyond what other processes on a CI
+    # machine do, while a quarantine for their sake would leave nothing to judge (NOISY)
+    extra = [
+        "--perf-inject-faults",
+        "--perf-no-load-check",
+        *(["--perf-fail-below-projection"] if gate else []),
+    ]
     result = suite.runpytest_subprocess(
         *ARGS, "--perf-threads-per-rank", "1", f"--perf-baselines={baselines}", *extra
     )
