@@ -61,12 +61,14 @@ def test_a_four_node_night_asks_for_gpus_per_task_and_each_rank_records_what_it_
     )
     assert ws8["host"]["slurm"]["nodes"] == ["n1", "n2", "n3", "n4"]
 
-    # judged against what was recorded: every case gets a verdict (eight ranks time-sharing two
-    # cores are far too noisy for this test to say which; the verdicts' power is measured apart)
-    judged = suite.runpytest_subprocess(*args, timeout=500)
+    # judged against what was recorded: each end of the scale gets a verdict (eight ranks
+    # time-sharing two cores are far too noisy for this test to say which; the verdicts' power
+    # is measured apart). ws2 and ws4 were recorded above; judging them too cost a minute of CI
+    # for nothing the ends do not show
+    judged = suite.runpytest_subprocess(*args, "-k", "ws1 or ws8", timeout=500)
     said = judged.stdout.str()
     assert "FAILED transformer_tiny" not in said and "INFRASTRUCTURE" not in said, said[-3000:]
-    for ws in (1, 2, 4, 8):
+    for ws in (1, 8):
         judged.stdout.re_match_lines(
             [rf"│ +{ws} │.*│ +(OK|REGRESSED|IMPROVED|INCONCLUSIVE|NOISY|BELOW-PROJECTION) │"]
         )
