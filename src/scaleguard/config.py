@@ -80,6 +80,11 @@ class PerfConfig:
     inject_faults: tuple[tuple[str, str], ...] = ()
 
     @property
+    def session_fault(self) -> str:
+        """The fault of the session's own environment ('' for none); an A/B side's is its own."""
+        return next((fault for where, fault in self.inject_faults if where == _ENVIRONMENT), "")
+
+    @property
     def paired(self) -> bool:
         return self.ab_b is not None
 
@@ -280,6 +285,9 @@ def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept:
         check_output_path(_history_path(o), "--perf-history")
 
 
+_ENVIRONMENT = "the environment"  # where a session's own fault was set (PerfConfig.inject_faults)
+
+
 def _injected_faults(
     allowed: bool, environ: Mapping[str, str] | None, envs: dict[str, tuple[tuple[str, str], ...]]
 ) -> tuple[tuple[str, str], ...]:
@@ -288,7 +296,7 @@ def _injected_faults(
     refused now unless ``--perf-inject-faults``; each value is parsed now, not in the ranks."""
     if environ is None:
         return ()
-    given = [("the environment", environ.get(FAULT_ENV, "").strip())]
+    given = [(_ENVIRONMENT, environ.get(FAULT_ENV, "").strip())]
     given += [
         (f"--perf-ab-env-{side}", v.strip())
         for side, pairs in envs.items()

@@ -207,7 +207,7 @@ class Suite:
                 run=backend.runner(),
                 on_run=self.progress,
                 wait_quiet=backend.wait_quiet,
-                fault=dict(self.config.inject_faults).get("the environment", ""),
+                fault=self.config.session_fault,
             )
             if machine:
                 self.session.ledger.machine = machine

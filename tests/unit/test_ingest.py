@@ -118,6 +118,7 @@ def test_a_records_device_name_reaches_the_terminal_inert(
     record = write_run(tmp_path)
     data = json.loads(record.read_text())
     data["run"]["device_name"] = "cpu\x1b[2J\x1b]0;owned\x07"
+    data["run"]["notes"] = ["a note \x1b[31mred\x1b[0m"]  # shown in the table's caption
     record.write_text(json.dumps(data))
     assert cli_main(["ingest", str(record), "--baselines", str(tmp_path / "b"), "--update-baselines"]) == 0
     out = capsys.readouterr()

@@ -41,10 +41,9 @@ from scaleguard.history.changepoints import detect
 SCHEMA = 2  # PRAGMA user_version; migrations below take older files forward
 LOCK_TIMEOUT_S = 60.0
 
-_MIGRATIONS: dict[int, str] = {
-    1: """
-    CREATE TABLE IF NOT EXISTS runs (
-        run_id TEXT PRIMARY KEY,
+# every column but the run id, as schema 1 made them. Frozen: a new column is a new migration
+# (ALTER TABLE ... ADD COLUMN), never an edit here, or the old steps would make another table
+_RUN_COLUMNS = """
         case_id TEXT NOT NULL,
         group_id TEXT NOT NULL,
         world_size INTEGER NOT NULL,
@@ -60,33 +59,18 @@ _MIGRATIONS: dict[int, str] = {
         peak_mem_bytes INTEGER,
         quarantine TEXT,
         verdict TEXT,
-        record TEXT NOT NULL
-    );
+        record TEXT NOT NULL"""
+
+_MIGRATIONS: dict[int, str] = {
+    1: f"""
+    CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {_RUN_COLUMNS});
     CREATE INDEX IF NOT EXISTS runs_case ON runs (hardware_key, case_id, recorded_at);
     """,
     # a run is one run of one hardware key: two machines' files may share a run id ("0001_nightly-3"
-    # of two hosts), and schema 1 took the second key's runs for duplicates
-    2: """
-    CREATE TABLE runs_v2 (
-        run_id TEXT NOT NULL,
-        case_id TEXT NOT NULL,
-        group_id TEXT NOT NULL,
-        world_size INTEGER NOT NULL,
-        hardware_key TEXT NOT NULL,
-        torch TEXT, torch_git TEXT, cuda TEXT, cudnn TEXT, nccl TEXT,
-        suite_commit TEXT,
-        session TEXT NOT NULL,
-        recorded_at TEXT NOT NULL,
-        source TEXT NOT NULL,
-        median_s REAL NOT NULL,
-        samples_per_s REAL,
-        efficiency REAL,
-        peak_mem_bytes INTEGER,
-        quarantine TEXT,
-        verdict TEXT,
-        record TEXT NOT NULL,
-        PRIMARY KEY (hardware_key, run_id)
-    );
+    # of two hosts), and schema 1 took the second key's runs for duplicates. SQLite changes a
+    # primary key only by rebuilding the table
+    2: f"""
+    CREATE TABLE runs_v2 (run_id TEXT NOT NULL, {_RUN_COLUMNS}, PRIMARY KEY (hardware_key, run_id));
     INSERT INTO runs_v2 SELECT * FROM runs;
     DROP TABLE runs;
     ALTER TABLE runs_v2 RENAME TO runs;

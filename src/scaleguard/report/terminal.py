@@ -161,7 +161,8 @@ def scaling_tables(ledger: Ledger, peak_override: float | None = None) -> list[T
                 notes.append(f"ws{spec.world_size} {slow.describe()}")
         notes.append(LEGEND)
         if notes:
-            table.caption = "\n".join(dict.fromkeys(notes))
+            # notes carry text from records (a run's notes, a host name): each one inert
+            table.caption = "\n".join(inert(note) for note in dict.fromkeys(notes))
             table.caption_justify = "left"
         tables.append(table)
     return tables
