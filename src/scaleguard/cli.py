@@ -289,9 +289,9 @@ def cmd_history(args: argparse.Namespace) -> int:
             if key is None:
                 raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
             batches.append((cases, key, "import", None, None))
-        history.appendable(batches, path)  # refused before the file exists: nothing left behind
+        new_rows = history.appendable(batches, path)  # refused before the file exists: nothing left
         with history.History(path) as db:
-            added = db.append_many(batches)  # one transaction: all files land, or none
+            added = db.append_rows(new_rows)  # one transaction: all files land, or none
         print(f"scaleguard history: {added} new runs from {len(files)} files into {path}")
         return 0
     if args.args:

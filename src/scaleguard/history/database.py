@@ -292,7 +292,10 @@ class History:
     ) -> int:
         """Several appends in one transaction: all of them land, or none (an import that fails on
         its last file has written nothing)."""
-        rows = appendable(batches, self.path)
+        return self.append_rows(appendable(batches, self.path))
+
+    def append_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
+        """Rows made (and checked) by ``appendable``, in one transaction; how many were new."""
         with self._write() as db:
             before = db.total_changes
             db.executemany("INSERT OR IGNORE INTO runs VALUES (" + ", ".join("?" * 21) + ")", rows)
