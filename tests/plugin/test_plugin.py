@@ -66,12 +66,19 @@ def test_benchmark_save_holds_the_measured_per_step_samples(
         assert stats["median"] == pytest.approx(statistics.median(samples))
         assert stats["mean"] == pytest.approx(statistics.mean(samples))
         assert stats["stddev"] == pytest.approx(statistics.stdev(samples))
-        # computed independently by scaleguard from the rank files: the same numbers
-        assert info["median_step_s"] == pytest.approx(stats["median"])
-        assert info["samples_per_s"] == pytest.approx(info["global_batch"] / stats["median"])
+        # computed independently by scaleguard from the rank files: the same numbers. One run
+        # per case on a quiet machine; a noisy one may add confirm runs (a provisional
+        # BELOW-PROJECTION on a busy CI runner did), whose steps follow in order
+        runs = info["runs"]
+        assert [s for run in runs for s in run["step_s"]] == pytest.approx(samples)
+        assert all(run["peak_mem_bytes"] > 0 for run in runs)
+        counted = [run for run in runs if run.get("quarantine") is None] or runs
+        run_medians = [statistics.median(run["step_s"]) for run in counted]
+        assert info["median_step_s"] == pytest.approx(statistics.geometric_mean(run_medians))
+        if len(runs) == 1:
+            assert info["median_step_s"] == pytest.approx(stats["median"])
+        assert info["samples_per_s"] == pytest.approx(info["global_batch"] / info["median_step_s"])
         assert info["world_size"] in (1, 2) and info["settings"]["threads_per_rank"] == 1
-        (run,) = info["runs"]  # one run per case by default: a quiet session costs no more
-        assert run["step_s"] == pytest.approx(samples) and run["peak_mem_bytes"] > 0
     ws2 = next(b for b in data["benchmarks"] if b["extra_info"]["world_size"] == 2)["extra_info"]
     speedup = ws2["runs"][0]["speedup"]
     assert speedup is not None and ws2["scaling_efficiency"] == pytest.approx(speedup / 2)
