@@ -80,3 +80,70 @@ def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield tag
     left = tagged_pids(tag)
     assert not left, f"processes left behind: {left}"
+
+
+# A real PostgreSQL for the history tests (tools/local_postgres.py: initdb + pg_ctl as the
+# postgres user under a temporary directory). Without Debian's postgresql the server's half of
+# each test skips, unless SCALEGUARD_REQUIRE_POSTGRES=1 (as .ci/run sets it) makes it a failure.
+PG_ROOT = Path("/tmp/scaleguard-postgres-tests")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Path]:
+    """The root of a running throwaway server (stopped after the session)."""
+    from tools import local_postgres
+
+    if not local_postgres.available():
+        if os.environ.get("SCALEGUARD_REQUIRE_POSTGRES") == "1":
+            pytest.fail(
+                "SCALEGUARD_REQUIRE_POSTGRES=1 but PostgreSQL is not installed (apt-get install postgresql)"
+            )
+        pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
+    pytest.importorskip("psycopg", reason="pip install 'psycopg[binary]' (the [test] extra has it)")
+    local_postgres.stop(PG_ROOT)  # a server an interrupted run left
+    import shutil
+
+    shutil.rmtree(PG_ROOT, ignore_errors=True)
+    local_postgres.start(PG_ROOT)
+    yield PG_ROOT
+    local_postgres.stop(PG_ROOT)
+
+
+def fresh_database(root: Path) -> str:
+    """A new, empty database on the test server, owned by the writer ``sg``: its DSN."""
+    import psycopg
+    from tools import local_postgres
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    admin = local_postgres.dsn(root).replace("//sg:", "//postgres:").rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} OWNER sg")  # a name we made: hex only
+    with psycopg.connect(local_postgres.dsn(root).rsplit("/", 1)[0] + f"/{name}", autocommit=True) as conn:
+        conn.execute(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE sg IN SCHEMA public GRANT SELECT ON TABLES TO sg_reader"
+        )
+    return local_postgres.dsn(root).rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a history test's history lives, on each engine: a file, or a fresh database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "h.sqlite")
+    return fresh_database(request.getfixturevalue("postgres"))
+
+
+@pytest.fixture
+def own_postgres(postgres: Path) -> Iterator[Path]:
+    """A server of the test's own, which it may stop and start: its root, where the postgres
+    user can reach it (pytest's temporary directories are the root user's alone)."""
+    import shutil
+    import tempfile
+
+    from tools import local_postgres
+
+    root = Path(tempfile.mkdtemp(prefix="scaleguard-pg-"))
+    local_postgres.start(root)
+    yield root
+    local_postgres.stop(root)
+    shutil.rmtree(root, ignore_errors=True)

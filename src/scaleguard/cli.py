@@ -200,10 +200,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     # a key made from a record's device name: a file name and a history key, checked as both
     baseline.check_key(hardware_key, "the hardware key made from the records' device (give --hardware-key)")
     db = None
-    if args.history is not None:
-        from scaleguard.history.database import History
+    if config.history is not None:
+        from scaleguard.history.store import open_history
 
-        db = History(args.history)  # opened (and checked) before anything is judged or written
+        db = open_history(config.history)  # opened (and checked) before anything is judged or written
     if not args.baselines.is_dir() and not args.update_baselines:
         raise UsageProblem(
             f"--baselines {args.baselines} is not a directory (add --update-baselines to create it)"
@@ -244,12 +244,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             code = EXIT_BAD_INPUT
     if db is not None:
         # after the baseline: a history that fails now costs the history, never the baseline
+        from scaleguard.history.database import Fleet
+
         with db:
             verdicts = {cid: v.status.value for cid, v in ledger.verdicts.items()}
             added = db.append(
-                [ledger.evidence(c) for c in ledger.completed], hardware_key, "ingest", verdicts
-            )
-        console.print(inert(f"scaleguard: history {args.history}: {added} runs appended"), markup=False)
+                [ledger.evidence(c) for c in ledger.completed], hardware_key, "ingest", verdicts,
+                fleet=Fleet.here(project_of(config)),
+            )  # fmt: skip
+        console.print(inert(f"scaleguard: history {config.history}: {added} runs appended"), markup=False)
     return code
 
 
@@ -268,41 +271,76 @@ def load_all_cases(path: Path) -> tuple[str | None, list[CaseEvidence]]:
         raise UsageProblem(str(exc)) from None
 
 
+DEFAULT_HISTORY = Path(".scaleguard/history.sqlite")
+
+
+def project_of(config: PerfConfig) -> str:
+    """``--project``, else the name of the repository we run in (else of this directory)."""
+    return config.project or (baseline.git_root(Path.cwd()) or Path.cwd()).name
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     """``scaleguard history``: the last nights of each case and its change points;
-    ``scaleguard history import FILES``: load saved runs and baselines (idempotent)."""
+    ``scaleguard history import FILES``: load saved runs, baselines and SQLite histories
+    (idempotent); ``scaleguard history send``: a server history's spool."""
     from scaleguard.history import database as history
+    from scaleguard.history.store import open_history
 
-    path = args.history
     check_patterns(args)
+    verb = args.args[0] if args.args else None
     # --threshold-step: the smallest change of level shown; checked even where no run matches
-    settings = config_from(args, writes_history=bool(args.args and args.args[0] == "import")).thresholds
+    config = config_from(args, writes_history=verb in ("import", "send"))
+    settings, target = config.thresholds, config.history or DEFAULT_HISTORY
     if args.last < 1:
         raise UsageProblem(f"--last takes a positive number of nights, got {args.last}")
-    if args.args and args.args[0] == "import":
+    if verb == "import":
         files = [Path(f) for f in args.args[1:]]
         if not files:
-            raise UsageProblem("history import takes saved runs (--benchmark-save) or baseline files")
+            raise UsageProblem("history import takes saved runs (--benchmark-save), baselines, histories")
+        raw: list[tuple[object, ...]] = []
         batches = []
         for f in files:  # every file read and validated before any write
+            if history.is_sqlite(f):  # a runner's history moving in: its rows as they are
+                if isinstance(target, Path) and f.resolve() == target.resolve():
+                    raise UsageProblem(f"{f}: is the history imported into; give another file")
+                with history.History(f, readonly=True) as old:
+                    raw += old.raw_rows()
+                continue
             key, cases = load_all_cases(f)
             if key is None:
                 raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
             batches.append((cases, key, "import", None, None))
-        new_rows = history.appendable(batches, path)  # refused before the file exists: nothing left
-        with history.History(path) as db:
-            added = db.append_rows(new_rows)  # one transaction: all files land, or none
-        print(f"scaleguard history: {added} new runs from {len(files)} files into {path}")
+        # refused before the file exists: nothing left behind
+        raw += history.appendable(batches, str(target), history.Fleet(None, project_of(config)))
+        with open_history(target) as db:
+            added = db.append_rows(raw)  # one transaction: all files land, or none
+        print(inert(f"scaleguard history: {added} new runs from {len(files)} files into {target}"))
+        return 0
+    if verb == "send":
+        from scaleguard.history.store import send_spool, spool_path
+        from scaleguard.history.target import ServerDsn
+
+        if not isinstance(target, ServerDsn) or len(args.args) > 1:
+            raise UsageProblem(
+                "history send: sends a server history's spool; give --history postgresql://..."
+            )
+        spool = spool_path(args.spool_dir, target)
+        with open_history(target) as db:
+            sent = send_spool(db, spool)
+        print(inert(f"scaleguard history: {sent} new runs sent from {spool} to {target}"))
         return 0
     if args.args:
         raise UsageProblem(
             f"history: unknown argument {inert(args.args[0])!r} (did you mean `history import FILES`?)"
         )
+    path = target
     if args.html is not None:
         check_output(args.html, "--html", (".html", ".htm"))
-        check_not_input(args.html, "--html", [path])
-    with history.History(path, readonly=True) as db:
-        rows = db.rows(args.hardware_key, args.case)
+        check_not_input(args.html, "--html", [path] if isinstance(path, Path) else [])
+    with open_history(path, readonly=True) as db:
+        rows = db.rows(args.hardware_key, args.case, args.runner)
+        for note in db.notes:
+            print(inert(f"scaleguard history: {note}"), file=sys.stderr)
     if args.html is not None:
         from scaleguard.report import page as history_page
 
@@ -312,12 +350,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     for row in rows:
         groups.setdefault((row.hardware_key, row.case_id), []).append(row)
     if not groups:
-        print(f"scaleguard history {path}: no runs match")
+        print(inert(f"scaleguard history {path}: no runs match"))
         return 0
     out = inert
     for (key, case_id), case_rows in sorted(groups.items()):
         nights = history.nightly(case_rows)
-        print(f"{out(case_id)}  ({out(key)}, {len(nights)} nights, {len(case_rows)} runs)")
+        runners = sorted({r.runner for r in case_rows if r.runner})
+        more = " ..." if len(runners) > 8 else ""
+        fleet = f", runners {', '.join(runners[:8])}{more}" if len(runners) > 1 else ""
+        print(out(f"{case_id}  ({key}, {len(nights)} nights, {len(case_rows)} runs{fleet})"))
         for night in nights[-args.last :]:
             verdicts = sorted({r.verdict for r in case_rows if r.session == night.session and r.verdict})
             build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
@@ -348,12 +389,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from scaleguard.history import export
 
     check_patterns(args)
-    config_from(args, writes_history=False)  # --history read by the suite's one reader
+    # --history read by the suite's one reader (a file or a server; SCALEGUARD_HISTORY)
+    source = config_from(args, writes_history=False).history or DEFAULT_HISTORY
     if args.format == "bmf":
         check_output(args.out, "--out", (".json",))
     else:  # a dangling link, a file, a directory this user cannot write: said now, by name
         check_output(args.out, "--out", directory=True)
-    inputs = [*args.files, *([args.history] if not args.files else [])]
+    inputs = [*args.files, *([source] if not args.files and isinstance(source, Path) else [])]
     check_not_input(args.out, "--out", inputs)
     if args.files:
         rows = []
@@ -368,8 +410,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         rows = [r for r in rows if history.matches(r.case_id, args.case)
                 and (key is None or history.matches(r.hardware_key, key))]  # fmt: skip
     else:
-        with history.History(args.history, readonly=True) as db:
-            rows = db.rows(args.hardware_key, args.case)
+        from scaleguard.history.store import open_history
+
+        with open_history(source, readonly=True) as db:
+            rows = db.rows(args.hardware_key, args.case, args.runner)
     figures = export.nights(rows)
     try:
         if args.format == "bmf":
@@ -485,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     # the flags shared with the suite, from the one option table
     options.add_cli_options(cmp, "compare")
     options.add_cli_options(
-        ing, "ingest", types={"baselines": Path, "history": Path}, defaults={"baselines": Path("baselines")}
+        ing, "ingest", types={"baselines": Path}, defaults={"baselines": Path("baselines")}
     )
     abp = sub.add_parser(
         "ab",
@@ -504,8 +548,15 @@ def build_parser() -> argparse.ArgumentParser:
         "history",
         help="the last nights of each case and their change points; `history import FILES` loads saved runs",
     )
-    hist.add_argument("args", nargs="*", help="`import FILES...` to load saved runs and baselines")
-    hist.add_argument("--history", type=Path, default=Path(".scaleguard/history.sqlite"))
+    hist.add_argument(
+        "args",
+        nargs="*",
+        help="`import FILES...`: load saved runs, baselines and SQLite histories; `send`: a server "
+        "history's spool (runs a session kept while the server was away)",
+    )
+    options.add_cli_options(hist, "history")
+    hist.add_argument("--runner", help=MATCH_HELP.format(what="runners (hosts)"))
+    hist.add_argument("--spool-dir", type=Path, default=Path(".scaleguard"), help="send: where the spool is")
     hist.add_argument("--case", default="*", help=MATCH_HELP.format(what="case ids"))
     hist.add_argument("--hardware-key", help=MATCH_HELP.format(what="hardware keys"))
     hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")
@@ -525,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("files", nargs="*", type=Path, help="saved runs or baselines instead of the history")
     exp.add_argument("--format", choices=("bmf", "otava"), required=True)
     exp.add_argument("--out", type=Path, required=True, help="bmf: a .json file; otava: a directory")
-    exp.add_argument("--history", type=Path, default=Path(".scaleguard/history.sqlite"))
+    options.add_cli_options(exp, "export")
+    exp.add_argument("--runner", help=MATCH_HELP.format(what="runners (hosts)"))
     exp.add_argument("--case", default="*", help=MATCH_HELP.format(what="case ids"))
     exp.add_argument(
         "--hardware-key", help=MATCH_HELP.format(what="hardware keys") + " (BMF: one key per upload)"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from scaleguard.case import FAULT_ENV, INPUTS, MODES, PRECISIONS, SCALINGS, fault_fields
 from scaleguard.evidence.verdict import ThresholdSettings
+from scaleguard.history.target import HISTORY_ENV, HistoryTarget, TargetError, target_of
+from scaleguard.history.target import mask_secret as mask_secret
 from scaleguard.schedule.matrix import MatrixOptions, parse_csv, parse_world_sizes
 from scaleguard.schedule.slurm import SlurmOptions
 
@@ -61,7 +63,8 @@ class PerfConfig:
     accept: tuple[str, ...] = ()
     accept_reason: str | None = None
     isolate: bool = False
-    history: Path | None = None  # None: <rootdir>/.scaleguard/history.sqlite
+    history: HistoryTarget | None = None  # None: <rootdir>/.scaleguard/history.sqlite
+    project: str | None = None  # recorded with every run; None: the repository's name
     record_history: bool = True
     trace_dir: Path | None = None  # None: <rootdir>/.scaleguard/traces
     ab_a: str | None = None
@@ -148,7 +151,8 @@ class PerfConfig:
             accept=accept,
             accept_reason=text("accept-reason"),
             isolate=flag("isolate"),
-            history=_history_path(o),
+            history=_history_target(o),
+            project=o.text("project"),
             record_history=not flag("no-history"),
             trace_dir=o.path("trace-dir"),
             ab_a=text("ab-a"),
@@ -281,8 +285,9 @@ def _check_combinations(o: _Values, matrix: MatrixOptions, update: bool, accept:
     for name, suffixes in (("ab-markdown", ()), ("ab-plot", (".png", ".svg", ".pdf"))):
         check_output_path(o.path(name), f"--perf-{name}", suffixes)
     check_output_path(o.path("ab-save"), "--perf-ab-save", directory=True)
-    if not o.flag("no-history"):
-        check_output_path(_history_path(o), "--perf-history")
+    target = None if o.flag("no-history") else _history_target(o)
+    if isinstance(target, Path):  # a server is reached when the session appends (or spooled)
+        check_output_path(target, "--perf-history")
 
 
 _ENVIRONMENT = "the environment"  # where a session's own fault was set (PerfConfig.inject_faults)
@@ -320,25 +325,20 @@ def _injected_faults(
     return tuple(given)
 
 
-_SERVER_URL = re.compile(r"(?i)^(postgres(ql)?|mysql|mariadb|sqlite|https?|clickhouse)(\+\w+)?:/")
-
-
-def mask_secret(text: str) -> str:
-    """A connection string as it may be shown: the password between ``user:`` and ``@`` masked."""
-    return re.sub(r"(//?[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
-
-
-def _history_path(o: _Values) -> Path | None:
-    """``--perf-history``: a file. A server's URL was taken for one: SQLite made a file named
-    after it (the password in a directory name) and said it appended there. Refused by name,
-    the password masked, until server histories exist (issue 39)."""
+def _history_target(o: _Values) -> HistoryTarget | None:
+    """``--perf-history`` (or, unset, ``SCALEGUARD_HISTORY``, where CI keeps a server's DSN as a
+    secret): a file, or a PostgreSQL server (``postgresql://...``). Another server's URL is
+    refused by name, its password masked: SQLite made a file named after one once."""
     text = o.text("history")
-    if text is not None and _SERVER_URL.match(text):
-        raise ConfigError(
-            f"--perf-history {mask_secret(text)}: a server history is not supported by this scaleguard "
-            "yet; give the path of a history file (SQLite)"
-        )
-    return o.path("history")
+    option = "--perf-history"
+    if text is None and os.environ.get(HISTORY_ENV, "").strip():
+        text, option = os.environ[HISTORY_ENV].strip(), HISTORY_ENV
+    if text is None:
+        return None
+    try:
+        return target_of(text, option)
+    except TargetError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_choices(text: Callable[[str], str | None]) -> None:

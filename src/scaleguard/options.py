@@ -248,10 +248,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "history",
-        "the history database every run is appended to",
+        "the history every run is appended to: a file (SQLite), or a PostgreSQL server a fleet "
+        "shares (postgresql://user:password@host/db; or the SCALEGUARD_HISTORY environment "
+        "variable, for a CI secret)",
         "<rootdir>/.scaleguard/history.sqlite",
-        metavar="PATH",
-        cli=(("ingest", "--history"),),
+        metavar="PATH|DSN",
+        cli=(("ingest", "--history"), ("history", "--history"), ("export", "--history")),
+    ),
+    Option(
+        "project",
+        "the project recorded with every run in the history (several teams share one server)",
+        "the repository's directory name",
+        metavar="NAME",
+        cli=(("ingest", "--project"), ("history", "--project")),
     ),
     Option("no-history", "do not append this session's runs to the history database", "off", kind="flag"),
     Option(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from scaleguard.case import CaseSpec
 from scaleguard.config import ConfigError, PerfConfig
+from scaleguard.history.target import HistoryTarget
 
 if TYPE_CHECKING:
     from scaleguard.evidence.ledger import BaselineContext, Ledger
@@ -282,34 +283,42 @@ class Suite:
             return Path(f"(not kept: {exc})")
         return target
 
-    def history_path(self) -> Path | None:
+    def history_target(self) -> HistoryTarget | None:
         if not self.config.record_history:
             return None
         return self.config.history or self.rootpath / ".scaleguard" / "history.sqlite"
 
+    def project(self) -> str:
+        """The project recorded with every run: ``--perf-project``, else the repository's name."""
+        from scaleguard.evidence.baseline import git_root
+
+        return self.config.project or (git_root(self.rootpath) or self.rootpath).name
+
     def append_history(self, ledgers: dict[str, Ledger]) -> str | None:
         """Every completed case's runs (quarantined ones flagged) into the history; a history
-        that cannot be written costs the history, never the session's results."""
-        path = self.history_path()
-        if path is None or not any(ledger.completed for ledger in ledgers.values()):
+        that cannot be written costs the history, never the session's results. A server that
+        cannot be reached costs not even that: the runs wait in the spool (``history.store``)."""
+        target = self.history_target()
+        if target is None or not any(ledger.completed for ledger in ledgers.values()):
             return None
         from scaleguard.evidence.baseline import git_commit
-        from scaleguard.history.database import History, HistoryError
+        from scaleguard.history.database import Fleet, HistoryError, appendable
+        from scaleguard.history.store import deliver
 
-        key = self.hardware_key()
-        added = 0
+        key, commit = self.hardware_key(), git_commit(self.rootpath)
+        batches = []
+        for source, ledger in ledgers.items():
+            cases = [ledger.evidence(cid) for cid in ledger.completed]
+            verdicts = {cid: str(getattr(v.status, "value", v.status)) for cid, v in ledger.verdicts.items()}
+            batches.append((cases, key, source, verdicts, commit))
         try:
-            with History(path) as history:
-                for source, ledger in ledgers.items():
-                    cases = [ledger.evidence(cid) for cid in ledger.completed]
-                    verdicts = {cid: str(getattr(v.status, "value", v.status))
-                                for cid, v in ledger.verdicts.items()}  # fmt: skip
-                    added += history.append(cases, key, source, verdicts, git_commit(self.rootpath))
+            rows = appendable(batches, str(target), Fleet.here(self.project()))
+            done = deliver(target, rows, self.rootpath / ".scaleguard")
         except HistoryError as exc:
             return f"scaleguard: history not updated: {exc}"
         except Exception as exc:  # noqa: BLE001 - the history costs the history, never the results
             return f"scaleguard: history not updated ({type(exc).__name__}: {exc}); this is a scaleguard bug"
-        return f"scaleguard: history {path}: {added} runs appended"
+        return f"scaleguard: {done.line}"
 
     def close(self) -> None:
         """What the backend holds: the idle pool's ranks (also after Ctrl-C between cases) and

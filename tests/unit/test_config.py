@@ -148,18 +148,29 @@ def test_an_unwritable_default_history_leaves_the_session_without_one_and_says_s
     assert len(said) == 1
 
 
-def test_a_server_url_as_history_is_refused_with_its_password_masked(
+def test_a_server_history_is_a_server_and_its_password_never_shown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from scaleguard.history.target import ServerDsn
+
     monkeypatch.chdir(tmp_path)
     dsn = "postgresql://sg:PASSWORD@127.0.0.1:1/sg"
-    with pytest.raises(ConfigError, match=r"postgresql://sg:\*\*\*@127\.0\.0\.1:1/sg: a server history"):
-        read({"history": dsn})
+    target = read({"history": dsn}).history
+    assert isinstance(target, ServerDsn) and str(target) == "postgresql://sg:***@127.0.0.1:1/sg"
+    assert "PASSWORD" not in repr(target) + f"{target}"
+    with pytest.raises(ConfigError, match=r"mysql://sg:\*\*\*@h/sg: a history lives in a file"):
+        read({"history": "mysql://sg:PASSWORD@h/sg"})
+    with pytest.raises(ConfigError, match=r"port is not a number"):
+        read({"history": "postgresql://sg:PASSWORD@h:x/sg"})
+    monkeypatch.setenv("SCALEGUARD_HISTORY", dsn)  # a CI secret, when no option names one
+    assert read({}).history == target and read({"history": "h.sqlite"}).history == Path("h.sqlite")
+    monkeypatch.delenv("SCALEGUARD_HISTORY")
     for argv in (
         ["history", "--history", dsn],
         ["export", "--format", "otava", "--out", "o", "--history", dsn],
+        ["history", "--history", "postgresql://sg@127.0.0.1:1/sg?password=PASSWORD"],
     ):
-        assert cli.main(argv) == 2
+        assert cli.main(argv) == 2  # nothing listens on port 1
         said = capsys.readouterr()
-        assert "a server history is not supported" in said.err and "PASSWORD" not in said.out + said.err
+        assert "cannot connect" in said.err and "PASSWORD" not in said.out + said.err, said.err
     assert not list(tmp_path.rglob("*"))  # no SQLite file made at a path holding the password

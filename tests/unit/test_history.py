@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -194,31 +195,35 @@ def test_two_machines_runs_sharing_run_ids_are_all_kept(
     assert "12 new runs from 2 files" in capsys.readouterr().out
 
 
+SCHEMA_1 = ";".join(history.migration(1, "sqlite")) + ";"
+
+
 def test_a_schema_1_history_is_migrated_with_every_row(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     conn = sqlite3.connect(path)
-    conn.executescript(history._MIGRATIONS[1] + "PRAGMA user_version = 1;")
+    conn.executescript(SCHEMA_1 + "PRAGMA user_version = 1;")
     conn.close()
     with history.History(path) as db:  # takes it to schema 2 (empty): then a schema-1 row written
         pass
     conn = sqlite3.connect(path)
-    conn.executescript("DROP TABLE runs;" + history._MIGRATIONS[1] + "PRAGMA user_version = 1;")
+    conn.executescript("DROP TABLE runs;" + SCHEMA_1 + "PRAGMA user_version = 1;")
     conn.close()
     with history.History(path) as db:
         assert db.append(nights([0.1, 0.1]), KEY, "suite") == 4
     # the old layout with rows: made by hand as schema 1 made it, then opened by this scaleguard
     old = tmp_path / "old.sqlite"
     with history.History(path, readonly=True) as db:
-        rows = db._db.execute("SELECT * FROM runs").fetchall()
+        rows = db._db.execute(f"SELECT {', '.join(history._COLUMNS[:21])} FROM runs").fetchall()
     conn = sqlite3.connect(old)
-    conn.executescript(history._MIGRATIONS[1] + "PRAGMA user_version = 1;")
+    conn.executescript(SCHEMA_1 + "PRAGMA user_version = 1;")
     conn.executemany("INSERT INTO runs VALUES (" + ", ".join("?" * 21) + ")", rows)
     conn.commit()
     conn.close()
     with history.History(old) as db:
         assert int(db._db.execute("PRAGMA user_version").fetchone()[0]) == history.SCHEMA
-        assert len(db.rows()) == 4
+        assert len(db.rows()) == 4 and all(r.runner is None and r.project is None for r in db.rows())
         assert db.append(nights([0.1, 0.1]), "cpu-other-1t", "suite") == 4  # same ids, another key
+        assert {r.runner for r in db.rows("cpu-other-1t")} == {socket.gethostname()}
 
 
 def test_a_refused_import_leaves_no_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,8 +30,20 @@ def test_workflow_runs_the_suite_nightly_and_keeps_the_evidence() -> None:
     triggers = flow[True]  # YAML 1.1 reads the key `on` as a boolean
     assert "schedule" in triggers and "workflow_dispatch" in triggers
     job = flow["jobs"]["perf"]
-    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    assert "self-hosted" in job["runs-on"] and "${{ matrix.label }}" in job["runs-on"]
+    assert "gpu" in job["strategy"]["matrix"]["label"]  # a matrix over the pool's runner labels
     runs = "\n".join(step.get("run", "") for step in job["steps"])
+    # the history: the fleet's server when its secret is set, else a cache per hardware key (never
+    # per runner name: a pool's runners pool their nights), checkpointed before it is saved
+    assert job["env"]["SCALEGUARD_HISTORY"] == "${{ secrets.SCALEGUARD_HISTORY }}"
+    names = [step.get("name") for step in job["steps"]]
+    caches = [s for s in job["steps"] if s.get("uses", "").startswith("actions/cache/")]
+    assert caches and all(
+        "steps.hw.outputs.key" in s["with"]["key"] and "runner.name" not in str(s["with"]) for s in caches
+    )
+    assert names.index("Hardware key") < names.index("Restore the history")
+    assert names.index("Checkpoint the history") < names.index("Save the history")
+    assert "wal_checkpoint" in runs
     assert "pytest perf/" in runs and "--benchmark-save" in runs and "scaleguard compare" in runs
     upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()"

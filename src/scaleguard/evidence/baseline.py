@@ -312,6 +312,18 @@ def check_writable(directory: Path) -> None:
         ) from None
 
 
+def git_root(cwd: Path) -> Path | None:
+    """The repository ``cwd`` is in (None outside one): its name is a history's default project."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True, timeout=10,
+            check=True,
+        )  # fmt: skip
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return Path(out.stdout.strip()) if out.stdout.strip() else None
+
+
 def git_commit(cwd: Path) -> str | None:
     try:
         out = subprocess.run(

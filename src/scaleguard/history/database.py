@@ -21,6 +21,7 @@ import fnmatch
 import json
 import math
 import os
+import socket
 import sqlite3
 import stat
 import time
@@ -38,45 +39,62 @@ from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.history.changepoints import detect
 
-SCHEMA = 2  # PRAGMA user_version; migrations below take older files forward
+SCHEMA = 3  # SQLite: PRAGMA user_version; PostgreSQL: table scaleguard_schema. Migrations below
 LOCK_TIMEOUT_S = 60.0
 
 # every column but the run id, as schema 1 made them. Frozen: a new column is a new migration
-# (ALTER TABLE ... ADD COLUMN), never an edit here, or the old steps would make another table
+# (ALTER TABLE ... ADD COLUMN), never an edit here, or the old steps would make another table.
+# Types per engine: SQLite's INTEGER and REAL are 64-bit already; PostgreSQL's are 32-bit, where
+# a peak memory past 2 GiB would not fit and a median step would lose digits
 _RUN_COLUMNS = """
         case_id TEXT NOT NULL,
         group_id TEXT NOT NULL,
-        world_size INTEGER NOT NULL,
+        world_size {integer} NOT NULL,
         hardware_key TEXT NOT NULL,
         torch TEXT, torch_git TEXT, cuda TEXT, cudnn TEXT, nccl TEXT,
         suite_commit TEXT,
         session TEXT NOT NULL,
         recorded_at TEXT NOT NULL,
         source TEXT NOT NULL,
-        median_s REAL NOT NULL,
-        samples_per_s REAL,
-        efficiency REAL,
-        peak_mem_bytes INTEGER,
+        median_s {real} NOT NULL,
+        samples_per_s {real},
+        efficiency {real},
+        peak_mem_bytes {integer},
         quarantine TEXT,
         verdict TEXT,
         record TEXT NOT NULL"""
 
+TYPES = {"sqlite": {"integer": "INTEGER", "real": "REAL"},
+         "postgresql": {"integer": "BIGINT", "real": "DOUBLE PRECISION"}}  # fmt: skip
+
 _MIGRATIONS: dict[int, str] = {
-    1: f"""
-    CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {_RUN_COLUMNS});
+    1: """
+    CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns});
     CREATE INDEX IF NOT EXISTS runs_case ON runs (hardware_key, case_id, recorded_at);
     """,
     # a run is one run of one hardware key: two machines' files may share a run id ("0001_nightly-3"
     # of two hosts), and schema 1 took the second key's runs for duplicates. SQLite changes a
     # primary key only by rebuilding the table
-    2: f"""
-    CREATE TABLE runs_v2 (run_id TEXT NOT NULL, {_RUN_COLUMNS}, PRIMARY KEY (hardware_key, run_id));
+    2: """
+    CREATE TABLE runs_v2 (run_id TEXT NOT NULL, {columns}, PRIMARY KEY (hardware_key, run_id));
     INSERT INTO runs_v2 SELECT * FROM runs;
     DROP TABLE runs;
     ALTER TABLE runs_v2 RENAME TO runs;
     CREATE INDEX IF NOT EXISTS runs_case ON runs (hardware_key, case_id, recorded_at);
     """,
+    # a fleet: which runner measured the run and for which project (older runs: unknown)
+    3: """
+    ALTER TABLE runs ADD COLUMN runner TEXT;
+    ALTER TABLE runs ADD COLUMN project TEXT;
+    """,
 }
+
+
+def migration(step: int, engine: str) -> list[str]:
+    """Schema step ``step`` as statements of ``engine`` ("sqlite" or "postgresql"): one portable
+    text, the column types filled in per engine."""
+    text = _MIGRATIONS[step].format(columns=_RUN_COLUMNS.format(**TYPES[engine]))
+    return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
 class HistoryError(RuntimeError):
@@ -100,12 +118,27 @@ class HistoryRow:
     verdict: str | None
     samples_per_s: float | None = None
     device: str | None = None  # "cpu" or "cuda": the case's, as recorded with the run
+    runner: str | None = None  # the host that measured it (schema 3; older runs: None)
+    project: str | None = None  # whose suite measured it (schema 3; older runs: None)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Who appends: the runner (this host's name) and the project (an option; by default the
+    repository's name). Nights of one hardware key pool across runners; views narrow by either."""
+
+    runner: str | None  # None: not known (runs imported from files)
+    project: str | None = None
+
+    @classmethod
+    def here(cls, project: str | None = None) -> Fleet:
+        return cls(socket.gethostname() or "unknown", project)
 
 
 _COLUMNS = (
     "run_id", "case_id", "group_id", "world_size", "hardware_key", "torch", "torch_git", "cuda", "cudnn",
     "nccl", "suite_commit", "session", "recorded_at", "source", "median_s", "samples_per_s",
-    "efficiency", "peak_mem_bytes", "quarantine", "verdict", "record",
+    "efficiency", "peak_mem_bytes", "quarantine", "verdict", "record", "runner", "project",
 )  # fmt: skip
 # a history is the runner's disk index; past this the terminal and the page would need gigabytes
 # (10^6 rows took 1.58 GB as row objects): narrow with --case / --hardware-key instead
@@ -131,6 +164,7 @@ class History:
         self.path = path
         self.timeout_s = timeout_s
         self.readonly = readonly
+        self.notes: list[str] = []  # what a reader of this history should know (said once)
         _check_path(path)
         try:
             if readonly:
@@ -139,7 +173,18 @@ class History:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
                 self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-                self._wal()
+                fs = network_filesystem(path.parent)
+                if fs is None:
+                    self._wal()
+                else:
+                    # WAL needs shared memory between the writers, which a network file system
+                    # does not give: two login nodes' sessions would corrupt the file
+                    self._db.execute("PRAGMA journal_mode=DELETE")
+                    self.notes.append(
+                        f"{path} is on a network file system ({fs}): written with a rollback journal, "
+                        "not WAL; several hosts writing at once may still meet its locking "
+                        "(a PostgreSQL history is made for a fleet: --perf-history postgresql://...)"
+                    )
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._migrate()
             self._check_schema()
@@ -157,8 +202,7 @@ class History:
         except OSError as exc:
             raise HistoryError(f"history {path}: cannot be opened ({exc.strerror or exc})") from None
 
-    @staticmethod
-    def _open_readonly(path: Path) -> sqlite3.Connection:
+    def _open_readonly(self, path: Path) -> sqlite3.Connection:
         if not path.exists():
             raise HistoryError(
                 f"history {path} does not exist yet: a session appends to it, or `history import`"
@@ -172,6 +216,10 @@ class History:
             # a WAL file in a directory we cannot write: no shared-memory file can be made for
             # it; read it as an immutable snapshot instead (nobody writes there without access)
             db.close()
+            self.notes.append(
+                f"{path}: read as a snapshot (its directory is not writable, so SQLite cannot share "
+                "its write-ahead log): runs a writer appends meanwhile are not shown"
+            )
             return sqlite3.connect(uri + "?immutable=1", uri=True, isolation_level=None)
 
     def _wal(self) -> None:
@@ -268,11 +316,13 @@ class History:
         if version == SCHEMA:
             return  # nothing to do: no write lock taken (a reader never waits behind a writer)
         with self._write() as db:
+            # again, under the write lock: a session creating the file beside us may have
+            # migrated it since (its steps run twice would break the table)
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
             for step in range(version + 1, SCHEMA + 1):
                 # statement by statement: executescript would commit the open transaction
-                for statement in _MIGRATIONS[step].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in migration(step, "sqlite"):
+                    db.execute(statement)
                 db.execute(f"PRAGMA user_version = {step}")
 
     def append(
@@ -282,26 +332,39 @@ class History:
         source: str,
         verdicts: dict[str, str] | None = None,
         suite_commit: str | None = None,
+        fleet: Fleet | None = None,
     ) -> int:
         """Every run of ``cases`` (quarantined ones flagged); returns how many were new."""
-        return self.append_many([(cases, hardware_key, source, verdicts, suite_commit)])
-
-    def append_many(
-        self,
-        batches: Sequence[tuple[Iterable[CaseEvidence], str, str, dict[str, str] | None, str | None]],
-    ) -> int:
-        """Several appends in one transaction: all of them land, or none (an import that fails on
-        its last file has written nothing)."""
-        return self.append_rows(appendable(batches, self.path))
+        batch = (cases, hardware_key, source, verdicts, suite_commit)
+        return self.append_rows(appendable([batch], str(self.path), fleet or Fleet.here()))
 
     def append_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
-        """Rows made (and checked) by ``appendable``, in one transaction; how many were new."""
+        """Rows made (and checked) by ``appendable``, in one transaction; how many were new (a
+        run already there, by hardware key and run id, is left as it is)."""
         with self._write() as db:
             before = db.total_changes
-            db.executemany("INSERT OR IGNORE INTO runs VALUES (" + ", ".join("?" * 21) + ")", rows)
+            db.executemany(INSERT.replace("%s", "?"), rows)
             return db.total_changes - before
 
-    def rows(self, hardware_key: str | None = None, case_glob: str = "*") -> list[HistoryRow]:
+    def raw_rows(self) -> list[tuple[Any, ...]]:
+        """Every stored row as ``append_rows`` takes it (a spool sent on, a history moved in),
+        each checked as a view would check it."""
+        try:
+            raw = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs ORDER BY recorded_at").fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
+        for row in raw:
+            _checked_row(str(self.path), as_viewed(row))
+        return raw
+
+    def delete_runs(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Drop (hardware key, run id) rows: a spool's rows once the server holds them."""
+        with self._write() as db:
+            db.executemany("DELETE FROM runs WHERE hardware_key = ? AND run_id = ?", keys)
+
+    def rows(
+        self, hardware_key: str | None = None, case_glob: str = "*", runner: str | None = None
+    ) -> list[HistoryRow]:
         """The runs matching, validated field by field (a file edited by hand or by a hostile
         tool): at most ``MAX_ROWS`` of them. ``case_glob`` and ``hardware_key`` match as
         ``matches`` says, the one rule of saved files and histories alike (SQLite's GLOB reads
@@ -312,6 +375,9 @@ class History:
         if hardware_key is not None:
             where += " AND sg_match(hardware_key, ?)"
             args.append(hardware_key)
+        if runner is not None:
+            where += " AND sg_match(runner, ?)"
+            args.append(runner)
         try:
             orphans = self._db.execute(
                 "SELECT count(*) FROM runs WHERE typeof(case_id) != 'text' OR typeof(hardware_key) != 'text'"
@@ -330,13 +396,62 @@ class History:
             query = (
                 "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
                 "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
-                f"json_extract(record, '$.case.config.device') FROM runs {where} "
+                f"json_extract(record, '$.case.config.device'), runner, project FROM runs {where} "
                 "ORDER BY hardware_key, case_id, recorded_at, run_id"
             )
             raw = self._db.execute(query, args).fetchall()
         except sqlite3.Error as exc:
             raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
-        return [_checked_row(self.path, r) for r in raw]
+        return [_checked_row(str(self.path), r) for r in raw]
+
+
+# portable: SQLite (3.24+) and PostgreSQL both keep the stored row on a repeated key
+INSERT = (
+    f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
+    "ON CONFLICT (hardware_key, run_id) DO NOTHING"
+)
+
+
+# file systems whose locking SQLite's WAL cannot trust (its shared memory is per host)
+NETWORK_FS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+    "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "9p", "afs", "panfs", "wekafs", "fuse.juicefs",
+})  # fmt: skip
+
+
+MOUNTS_FILE = Path("/proc/mounts")
+
+
+def network_filesystem(directory: Path, mounts: str | None = None) -> str | None:
+    """The type of the network file system ``directory`` lies on (None: a local one, or
+    unknown): the longest mount point that holds it, from ``/proc/mounts`` (or ``mounts``)."""
+    if mounts is None:
+        try:
+            mounts = MOUNTS_FILE.read_text()
+        except OSError:
+            return None
+    try:
+        where = directory.resolve()
+    except OSError:
+        return None
+    best, kind = -1, ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (where == Path(point) or Path(point) in where.parents) and len(point) > best:
+            best, kind = len(point), fields[2]
+    return kind if kind in NETWORK_FS else None
+
+
+def is_sqlite(path: Path) -> bool:
+    """A file that starts as SQLite's do: a history to import as rows, not a JSON document."""
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
 
 
 def matches(text: str, pattern: str) -> bool:
@@ -354,7 +469,7 @@ _TEXT_MAX = 400  # a torch version, a git sha, a session id: far shorter in any 
 
 
 def _checked_row(
-    path: Path, raw: Sequence[Any], fix: str = "rebuild the file with `scaleguard history import`"
+    path: str, raw: Sequence[Any], fix: str = "rebuild the file with `scaleguard history import`"
 ) -> HistoryRow:
     """One stored run, every field of the type the page and the statistics need."""
     row = HistoryRow(*raw)
@@ -370,7 +485,7 @@ def _checked_row(
         value = getattr(row, name)
         if not isinstance(value, str) or len(value) > _TEXT_MAX:
             raise bad(name)
-    for name in ("torch", "torch_git", "quarantine", "verdict"):
+    for name in ("torch", "torch_git", "quarantine", "verdict", "runner", "project"):
         value = getattr(row, name)
         if value is not None and (not isinstance(value, str) or len(value) > _TEXT_MAX):
             raise bad(name)
@@ -483,7 +598,7 @@ def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
 Batch = tuple[Iterable[CaseEvidence], str, str, "dict[str, str] | None", "str | None"]
 
 
-def appendable(batches: Sequence[Batch], path: Path) -> list[tuple[Any, ...]]:
+def appendable(batches: Sequence[Batch], where: str, fleet: Fleet) -> list[tuple[Any, ...]]:
     """The rows ``batches`` insert, each refused now if a reader would refuse it later: a key, a
     case id or a text the views cannot read would make every later ``history`` and ``export`` of
     the file exit 2 (a 450-character device name in a derived key did). Pure: call it before the
@@ -496,7 +611,7 @@ def appendable(batches: Sequence[Batch], path: Path) -> list[tuple[Any, ...]]:
         try:
             check_key(hardware_key)
         except FileFormatError as exc:
-            raise HistoryError(f"history {path}: not appended: {exc}") from None
+            raise HistoryError(f"history {where}: not appended: {exc}") from None
         for evidence in cases:
             for run in evidence.runs:
                 row = (
@@ -509,8 +624,9 @@ def appendable(batches: Sequence[Batch], path: Path) -> list[tuple[Any, ...]]:
                     (verdicts or {}).get(evidence.case_id),
                     json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
                                 "run": run.to_dict()}, allow_nan=False),
+                    fleet.runner, fleet.project,
                 )  # fmt: skip
-                _checked_row(path, tuple(row[i] for i in _VIEWED), "not appended; nothing was written")
+                _checked_row(where, as_viewed(row), "not appended; nothing was written")
                 rows.append(row)
     return rows
 
@@ -523,3 +639,10 @@ _VIEWED = tuple(
         "median_s", "efficiency", "peak_mem_bytes", "quarantine", "verdict", "samples_per_s",
     )
 )  # fmt: skip
+_FLEET = (_COLUMNS.index("runner"), _COLUMNS.index("project"))
+
+
+def as_viewed(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A stored row (``_COLUMNS``) in a view's order (``HistoryRow``); the device, which a view
+    reads out of the record, left unknown."""
+    return (*(row[i] for i in _VIEWED), None, *(row[i] for i in _FLEET))

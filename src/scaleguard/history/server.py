@@ -1,0 +1,247 @@
+"""The history on a PostgreSQL server: one history a fleet of runners shares.
+
+The same table, the same migrations (``database.migration``, types per engine), the same checks
+on every row written and read as the SQLite file. Writers need no lock of ours: every append is
+one transaction of ``INSERT ... ON CONFLICT DO NOTHING`` on the (hardware key, run id) key, so
+16 sessions appending at once land every run exactly once, and readers (MVCC) never wait on
+them. Migrations serialise on a transaction-scoped advisory lock. psycopg 3, one connection per
+history opened (a session appends once): no pool. Every wait has a deadline: the connection's
+``connect_timeout``, and ``lock_timeout``/``statement_timeout`` on the session.
+
+The DSN's password never leaves this module: errors name the history as ``str(dsn)`` (masked)
+and the driver's own messages are scrubbed (``ServerDsn.scrub``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.history.database import (
+    _COLUMNS,
+    INSERT,
+    LOCK_TIMEOUT_S,
+    MAX_ROWS,
+    SCHEMA,
+    Fleet,
+    HistoryError,
+    HistoryRow,
+    _checked_row,
+    appendable,
+    as_viewed,
+    matches,
+    migration,
+)
+from scaleguard.history.target import ServerDsn
+
+CONNECT_TIMEOUT_S = 10
+_MIGRATION_LOCK = 0x5CA1E6A4D  # pg_advisory_xact_lock key: one migrating session at a time
+_FIX = "check the server, or give --history a file"
+
+
+def _driver() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise HistoryError(
+            "a PostgreSQL history needs psycopg 3: pip install 'scaleguard[server]' "
+            "(or pip install 'psycopg[binary]')"
+        ) from None
+    return psycopg
+
+
+class ServerUnreachable(HistoryError):
+    """The server could not be reached, or went away mid-write: nothing was written there (a
+    session keeps its runs in the spool, ``history.spool``)."""
+
+
+class ServerHistory:
+    """The history at ``dsn``. ``readonly``: view and export only (no migration, no write; a
+    read-only role is enough)."""
+
+    engine = "postgresql"
+
+    def __init__(self, dsn: ServerDsn, timeout_s: float = LOCK_TIMEOUT_S, readonly: bool = False) -> None:
+        self.dsn = dsn
+        self.where = str(dsn)
+        self.readonly = readonly
+        self.notes: list[str] = []
+        psycopg = _driver()
+        self._errors = psycopg.Error
+        self._operational = psycopg.OperationalError
+        try:
+            self._db = psycopg.connect(dsn.dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        except psycopg.Error as exc:
+            raise ServerUnreachable(f"history {self.where}: cannot connect ({self._said(exc)})") from None
+        try:
+            ms = int(timeout_s * 1000)
+            self._db.execute(f"SET lock_timeout = {ms}")  # an int we made: no user text in SQL
+            self._db.execute(f"SET statement_timeout = {max(ms, 120_000)}")
+            if not readonly:
+                self._migrate()
+            self._check_schema()
+        except HistoryError:
+            self.close()
+            raise
+        except psycopg.Error as exc:
+            self.close()
+            raise self._failure("cannot be used", exc) from None
+
+    def _said(self, exc: BaseException) -> str:
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        return self.dsn.scrub(text)
+
+    def _failure(self, what: str, exc: BaseException) -> HistoryError:
+        psycopg = _driver()
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return HistoryError(
+                f"history {self.where}: {what}: the role may not write here ({self._said(exc)}); "
+                "nothing was written (a read-only role views and exports; sessions need a writer)"
+            )
+        if isinstance(exc, self._operational):
+            return ServerUnreachable(
+                f"history {self.where}: {what}: the server went away ({self._said(exc)})"
+            )
+        return HistoryError(f"history {self.where}: {what} ({self._said(exc)}); {_FIX}")
+
+    def _version(self) -> int:
+        exists = self._db.execute("SELECT to_regclass('scaleguard_schema') IS NOT NULL").fetchone()[0]
+        if not exists:
+            return 0
+        row = self._db.execute("SELECT max(version) FROM scaleguard_schema").fetchone()
+        return int(row[0] or 0)
+
+    def _migrate(self) -> None:
+        if self._version() == SCHEMA:
+            return
+        try:
+            with self._db.transaction():
+                self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                self._db.execute("CREATE TABLE IF NOT EXISTS scaleguard_schema (version INTEGER NOT NULL)")
+                version = self._version()  # again, under the lock: another session may have migrated
+                if version > SCHEMA:
+                    return  # refused by name in _check_schema
+                for step in range(version + 1, SCHEMA + 1):
+                    for statement in migration(step, "postgresql"):
+                        self._db.execute(statement)
+                    self._db.execute("INSERT INTO scaleguard_schema (version) VALUES (%s)", (step,))
+        except self._errors as exc:
+            raise self._failure("its schema could not be made", exc) from None
+
+    def _check_schema(self) -> None:
+        version = self._version()
+        if version > SCHEMA:
+            raise HistoryError(
+                f"history {self.where}: schema {version}, newer than this scaleguard's {SCHEMA}: "
+                "upgrade scaleguard"
+            )
+        if version == 0:
+            raise HistoryError(
+                f"history {self.where}: holds no scaleguard history yet (a session with a writing role "
+                "makes it)"
+            )
+        columns = tuple(
+            r[0]
+            for r in self._db.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs' "
+                "AND table_schema = current_schema() ORDER BY ordinal_position"
+            ).fetchall()
+        )
+        if columns != _COLUMNS:
+            raise HistoryError(
+                f"history {self.where}: its runs table "
+                + (f"has columns {', '.join(columns)[:200]}" if columns else "is missing")
+                + f": not a scaleguard history; {_FIX}"
+            )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ServerHistory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def append(
+        self,
+        cases: Iterable[CaseEvidence],
+        hardware_key: str,
+        source: str,
+        verdicts: dict[str, str] | None = None,
+        suite_commit: str | None = None,
+        fleet: Fleet | None = None,
+    ) -> int:
+        batch = (cases, hardware_key, source, verdicts, suite_commit)
+        return self.append_rows(appendable([batch], self.where, fleet or Fleet.here()))
+
+    def append_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
+        """Rows made (and checked) by ``appendable``, in one transaction; how many were new. A
+        server gone mid-write rolls the transaction back (ServerUnreachable)."""
+        if self.readonly:
+            raise HistoryError(f"history {self.where}: opened read-only; nothing was written")
+        if not rows:
+            return 0
+        try:
+            with self._db.transaction(), self._db.cursor() as cur:
+                cur.executemany(INSERT + " RETURNING run_id", rows, returning=True)
+                added = 0
+                while True:  # one result per row: a run id where it was new, nothing where kept
+                    added += len(cur.fetchall())
+                    if not cur.nextset():
+                        break
+                return added
+        except self._errors as exc:
+            raise self._failure("the write failed; nothing was written", exc) from None
+
+    def raw_rows(self) -> list[tuple[Any, ...]]:
+        try:
+            raw = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs ORDER BY recorded_at").fetchall()
+        except self._errors as exc:
+            raise self._failure("cannot be read", exc) from None
+        for row in raw:
+            _checked_row(self.where, as_viewed(row), _FIX)
+        return raw
+
+    def rows(
+        self, hardware_key: str | None = None, case_glob: str = "*", runner: str | None = None
+    ) -> list[HistoryRow]:
+        """As ``History.rows``: the one matching rule (``matches``) is applied to the distinct
+        (key, case, runner) triples here, then only their runs are read, by value."""
+        try:
+            triples = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner FROM runs").fetchall()
+            wanted = [
+                (key, case) for key, case, host in triples
+                if matches(case, case_glob)
+                and (hardware_key is None or matches(key, hardware_key))
+                and (runner is None or (host is not None and matches(host, runner)))
+            ]  # fmt: skip
+            pairs = sorted(set(wanted))
+            if not pairs:
+                return []
+            keys, cases = [k for k, _ in pairs], [c for _, c in pairs]
+            where = "WHERE (hardware_key, case_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+            args: list[Any] = [keys, cases]
+            if runner is not None:
+                hosts = sorted({h for _, _, h in triples if h is not None and matches(h, runner)})
+                where += " AND runner = ANY(%s)"
+                args.append(hosts)
+            count = self._db.execute(f"SELECT count(*) FROM runs {where}", args).fetchone()[0]
+            if count > MAX_ROWS:
+                raise HistoryError(
+                    f"history {self.where}: {count} runs match, more than the {MAX_ROWS} one view reads; "
+                    "narrow it with --case GLOB and --hardware-key KEY"
+                )
+            raw = self._db.execute(
+                "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
+                "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
+                f"record::jsonb #>> '{{case,config,device}}', runner, project FROM runs {where} "
+                "ORDER BY hardware_key, case_id, recorded_at, run_id",
+                args,
+            ).fetchall()
+        except HistoryError:
+            raise
+        except self._errors as exc:
+            raise self._failure("cannot be read", exc) from None
+        return [_checked_row(self.where, r, _FIX) for r in raw]

@@ -1,0 +1,156 @@
+"""The history on both engines, from one parametrised fixture (``history_target``: a file, or a
+fresh database on a real PostgreSQL started by ``tools/local_postgres.py``): appends land once,
+16 writers at once lose nothing, views, change points, export and the page read the same, a
+fleet's runners pool and narrow. The server's own faults (stopped, restarted, a read-only role,
+its password) are in ``test_history_server.py``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from scaleguard.cli import main as cli_main
+from scaleguard.evidence import baseline
+from scaleguard.history import database as history
+from scaleguard.history.store import Store, open_history
+from scaleguard.history.target import target_of
+from tests.unit.test_history import KEY, nights
+
+
+def opened(text: str, readonly: bool = False) -> Store:
+    return open_history(target_of(text), readonly=readonly)
+
+
+def _writer(target: str, start: int, runner: str) -> None:
+    with opened(target) as db:
+        for evidence in nights([0.1] * 5, first=start):
+            db.append([evidence], KEY, "suite", fleet=history.Fleet(runner, "proj"))
+        db.append(nights([0.1], first=9000), KEY, "suite", fleet=history.Fleet(runner, "proj"))  # shared
+
+
+def test_sixteen_writers_at_once_land_every_run_once_and_a_reader_never_waits(history_target: str) -> None:
+    with opened(history_target) as db:
+        assert db.append(nights([0.1, 0.1]), KEY, "suite") == 4
+        assert db.append(nights([0.1, 0.1]), KEY, "suite") == 0  # the same runs again: nothing new
+    ctx = multiprocessing.get_context("spawn")
+    writers = 16 if history_target.startswith("postgresql") else 4  # SQLite: one writer at a time
+    procs = [
+        ctx.Process(target=_writer, args=(history_target, 100 * (w + 1), f"runner{w:02d}"))
+        for w in range(writers)
+    ]
+    reads: list[float] = []
+    done = threading.Event()
+
+    def read() -> None:
+        with opened(history_target, readonly=True) as view:
+            while not done.is_set():
+                t0 = time.monotonic()
+                view.rows(KEY)
+                reads.append(time.monotonic() - t0)
+
+    reader = threading.Thread(target=read)
+    for p in procs:
+        p.start()
+    reader.start()
+    for p in procs:
+        p.join(180)
+    done.set()
+    reader.join(60)
+    assert [p.exitcode for p in procs] == [0] * writers
+    with opened(history_target, readonly=True) as db:
+        rows = db.rows(KEY)
+        ids = [r.run_id for r in rows]
+        assert len(ids) == len(set(ids)) == 4 + writers * 5 * 2 + 2  # the shared night once
+        assert {r.runner for r in rows} >= {f"runner{w:02d}" for w in range(writers)}
+        assert len(db.rows(KEY, runner="runner0[0-3]")) == 4 * 10 + 2 * (
+            # the shared night belongs to whichever writer landed it first
+            sum(
+                1
+                for r in rows
+                if r.session == "night9000" and r.runner in {"runner00", "runner01", "runner02", "runner03"}
+            )
+            // 2
+        )
+    assert reads, "the reader read nothing while the writers wrote"
+
+
+def test_the_views_export_and_page_read_alike_on_both_engines(
+    history_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = []
+    for i, (level, torch) in enumerate([(0.1, "2.13.0")] * 8 + [(0.115, "2.14.1")] * 8):
+        f = tmp_path / f"b{i}.json"
+        baseline.update(f, KEY, {}, nights([level], torch=torch, first=i))
+        files.append(str(f))
+    assert cli_main(["history", "import", *files, "--history", history_target, "--project", "team-a"]) == 0
+    assert "32 new runs from 16 files" in capsys.readouterr().out
+    assert cli_main(["history", "import", *files, "--history", history_target]) == 0
+    assert "0 new runs" in capsys.readouterr().out
+    argv = ["history", "--history", history_target, "--last", "3", "--threshold-step", "0.05"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "m-ddp-ws1-fp32-strong  (cpu-hist-1t, 16 nights, 32 runs)" in out
+    assert "change point at 2026-11-01T08:00:00 [night008]: +" in out and "torch 2.13.0 -> 2.14.1" in out
+    with opened(history_target, readonly=True) as db:
+        assert {r.project for r in db.rows()} == {"team-a"} and {r.runner for r in db.rows()} == {None}
+    bmf = tmp_path / "bmf.json"
+    assert cli_main(["export", "--format", "bmf", "--out", str(bmf), "--history", history_target]) == 0
+    doc = json.loads(bmf.read_text())
+    assert doc["m-ddp-ws1-fp32-strong"]["latency"]["value"] > 0
+    otava = tmp_path / "otava"
+    assert cli_main(["export", "--format", "otava", "--out", str(otava), "--history", history_target]) == 0
+    (csv_file,) = [p for p in otava.glob("*.csv")]
+    assert len(csv_file.read_text().splitlines()) == 1 + 16  # a header and a night per line
+    page = tmp_path / "page.html"
+    assert cli_main(["history", "--history", history_target, "--html", str(page)]) == 0
+    assert "m-ddp-ws1-fp32-strong" in page.read_text()
+    capsys.readouterr()
+    assert cli_main(["history", "--history", history_target, "--runner", "nobody"]) == 0
+    assert "no runs match" in capsys.readouterr().out
+
+
+def test_a_sqlite_history_moves_onto_the_server_once(
+    history_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "runner.sqlite"
+    with history.History(old) as db:
+        db.append(nights([0.1, 0.1, 0.1]), KEY, "suite", fleet=history.Fleet("gpu-box-7", "vision"))
+    if history_target.endswith("h.sqlite"):
+        history_target = str(tmp_path / "other.sqlite")
+    for expected in (6, 0):  # idempotent: the second import adds nothing
+        assert cli_main(["history", "import", str(old), "--history", history_target]) == 0
+        assert f"{expected} new runs from 1 files" in capsys.readouterr().out
+    with opened(history_target, readonly=True) as db, history.History(old, readonly=True) as src:
+        assert [(r.run_id, r.median_s, r.runner, r.project) for r in db.rows()] == [
+            (r.run_id, r.median_s, r.runner, r.project) for r in src.rows()
+        ]
+        assert {r.runner for r in db.rows()} == {"gpu-box-7"}
+
+
+MOUNTS = """\
+/dev/sda1 / ext4 rw,relatime 0 0
+fs1:/export/home /home nfs4 rw,vers=4.2 0 0
+/dev/sdb1 /home/local xfs rw 0 0
+lustre@o2ib:/scratch /scratch lustre rw 0 0
+"""
+
+
+def test_a_network_file_system_is_named_and_its_history_written_without_wal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert history.network_filesystem(Path("/home/alice/h"), MOUNTS) == "nfs4"
+    assert history.network_filesystem(Path("/home/local/h"), MOUNTS) is None  # the longer mount point
+    assert history.network_filesystem(Path("/scratch/x"), MOUNTS) == "lustre"
+    assert history.network_filesystem(Path("/tmp"), MOUNTS) is None
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"srv:/vol {tmp_path} nfs rw 0 0\n")
+    monkeypatch.setattr(history, "MOUNTS_FILE", mounts)
+    with history.History(tmp_path / "h.sqlite") as db:
+        assert db._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert "network file system (nfs)" in db.notes[0]
+        assert db.append(nights([0.1]), KEY, "suite") == 2
