@@ -1,0 +1,138 @@
+"""Issue 39, item 9: how fast each history engine appends a night and serves a view.
+
+    python benchmarks/history_engines.py --nights 4000 --cases 50
+
+Starts a throwaway PostgreSQL (tools/local_postgres.py) and an SQLite file; appends one night
+of ``--cases`` runs (rows made by ``appendable``, as a session makes them) and times it; then
+fills both with ``--nights`` x ``--cases`` runs (a template row varied per night: the record
+column holds a real run) and times ``scaleguard history`` (the terminal view with change points)
+and ``scaleguard history --html`` over one case and over everything, each in a fresh process
+(its peak RSS from ``resource``). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+START = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+from tests.unit.test_history import nights  # noqa: E402
+from tools import local_postgres  # noqa: E402
+
+from scaleguard.history import database as history  # noqa: E402
+from scaleguard.history.store import open_history  # noqa: E402
+from scaleguard.history.target import target_of  # noqa: E402
+
+VIEW = """
+import resource, sys, time
+sys.argv = ["scaleguard"] + sys.argv[1:]
+t0 = time.perf_counter()
+from scaleguard.cli import main
+code = main(sys.argv[1:])
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print("WALL", time.perf_counter() - t0, "RSS", rss, "CODE", code, file=sys.stderr)
+"""
+
+
+def night_rows(cases: int, night: int) -> list[tuple[object, ...]]:
+    """One night of ``cases`` runs, as a session appends them (``appendable``)."""
+    out = []
+    for c in range(cases):
+        (ev,) = nights([0.1], first=night * 100 + c)
+        (row, _) = history.appendable(
+            [([ev], "cpu-bench-1t", "suite", None, None)], "b", history.Fleet("b", "b")
+        )
+        fields = list(row)
+        fields[0], fields[1] = f"{fields[0]}-c{c}", f"m{c:02d}-ddp-ws1-fp32-strong"
+        out.append(tuple(fields))
+    return out
+
+
+def fill(target: str, nights_n: int, cases: int) -> None:
+    template = night_rows(1, 0)[0]
+    cols = history._COLUMNS
+    i_run, i_case, i_sess, i_time, i_med = (
+        cols.index(n) for n in ("run_id", "case_id", "session", "recorded_at", "median_s")
+    )
+    with open_history(target_of(target)) as db:
+        batch: list[tuple[object, ...]] = []
+        for n in range(nights_n):
+            for c in range(cases):
+                row = list(template)
+                row[i_run] = f"n{n:05d}-c{c:02d}"
+                row[i_case] = f"m{c:02d}-ddp-ws1-fp32-strong"
+                row[i_sess] = f"night{n:05d}"
+                row[i_time] = (START + datetime.timedelta(hours=n)).isoformat()
+                row[i_med] = 0.1 * (1.05 if n > nights_n // 2 else 1.0) * (1 + 0.002 * ((n * 7 + c) % 5))
+                batch.append(tuple(row))
+            if len(batch) >= 20_000:
+                db.append_rows(batch)
+                batch = []
+        if batch:
+            db.append_rows(batch)
+
+
+def view(target: str, *args: str) -> tuple[float, float, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", VIEW, "history", "--history", target, "--last", "3", *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("WALL")]
+    if not line:
+        raise SystemExit(done.stderr[-2000:])
+    parts = line[-1].split()
+    return float(parts[1]), int(parts[3]) / 1024, int(parts[5])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nights", type=int, default=4000)
+    parser.add_argument("--cases", type=int, default=50)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="scaleguard-pg-bench-"))
+    work.chmod(0o755)  # the server runs as the postgres user
+    local_postgres.start(work / "pg")
+    try:
+        targets = {"SQLite": str(work / "h.sqlite"), "PostgreSQL": local_postgres.dsn(work / "pg")}
+        print(
+            f"| engine | append a night of {args.cases} runs | fill {args.nights} x {args.cases} | "
+            f"history, one case | history --html, one case | history, all | history --html, all |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for name, target in targets.items():
+            appends = []
+            for n in range(5):
+                rows = night_rows(args.cases, 100 + n)
+                with open_history(target_of(target)) as db:
+                    t0 = time.perf_counter()
+                    db.append_rows(rows)
+                    appends.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fill(target, args.nights, args.cases)
+            filled = time.perf_counter() - t0
+            cells = []
+            page = str(work / f"{name}.html")
+            for extra in (["--case", "m07-*"], ["--case", "m07-*", "--html", page], [], ["--html", page]):
+                wall, rss, code = view(target, *extra)
+                cells.append(f"{wall:.2f} s, {rss:.0f} MiB" + ("" if code == 0 else f" (exit {code})"))
+            appended = f"{min(appends) * 1e3:.0f}-{max(appends) * 1e3:.0f} ms (5 nights)"
+            print(f"| {name} | {appended} | {filled:.0f} s | " + " | ".join(cells) + " |")
+    finally:
+        local_postgres.stop(work / "pg")
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
