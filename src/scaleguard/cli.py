@@ -309,7 +309,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             key, cases = load_all_cases(f)
             if key is None:
                 raise UsageProblem(f"{f}: no hardware key; it cannot be placed in the history")
-            batches.append((cases, key, "import", None, None))
+            batches.append(history.Batch(cases, key, "import"))
         # refused before the file exists: nothing left behind
         raw += history.appendable(batches, str(target), history.Fleet(None, project_of(config)))
         with open_history(target) as db:

@@ -302,7 +302,7 @@ class Suite:
         if target is None or not any(ledger.completed for ledger in ledgers.values()):
             return None
         from scaleguard.evidence.baseline import git_commit
-        from scaleguard.history.database import Fleet, HistoryError, appendable
+        from scaleguard.history.database import Batch, Fleet, HistoryError, appendable
         from scaleguard.history.store import deliver
 
         key, commit = self.hardware_key(), git_commit(self.rootpath)
@@ -310,7 +310,9 @@ class Suite:
         for source, ledger in ledgers.items():
             cases = [ledger.evidence(cid) for cid in ledger.completed]
             verdicts = {cid: str(getattr(v.status, "value", v.status)) for cid, v in ledger.verdicts.items()}
-            batches.append((cases, key, source, verdicts, commit))
+            projected = {cid: ledger.projection(cid) for cid in ledger.completed}
+            projections = {cid: p.to_dict() for cid, p in projected.items() if p is not None}
+            batches.append(Batch(cases, key, source, verdicts, commit, projections))
         try:
             rows = appendable(batches, str(target), Fleet.here(self.project()))
             done = deliver(target, rows, self.rootpath / ".scaleguard")

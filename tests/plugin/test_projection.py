@@ -42,6 +42,13 @@ def test_ws2_is_projected_from_ws1_and_the_projection_is_shown_saved_and_recorde
     scaling = ws2["runs"][0]["scaling"]
     assert len(scaling["buckets"]) == len(scaling["bucket_s"]) >= 1
     assert sum(size for size, _ in scaling["buckets"]) > 0
+    # and the history keeps it with the runs, where the page draws it beside the measured efficiency
+    from scaleguard.history.database import History
+
+    with History(suite.path / ".scaleguard" / "history.sqlite", readonly=True) as db:
+        rows = {r.case_id: r for r in db.rows()}
+    assert rows["transformer_tiny-ddp-ws2-fp32-strong"].projected == pytest.approx(projected["efficiency"])
+    assert rows["transformer_tiny-ddp-ws1-fp32-strong"].projected is None
 
 
 @pytest.mark.parametrize("gate", [False, True])

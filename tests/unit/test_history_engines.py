@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,23 @@ def test_a_network_file_system_is_named_and_its_history_written_without_wal(
         assert db._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         assert "network file system (nfs)" in db.notes[0]
         assert db.append(nights([0.1]), KEY, "suite") == 2
+
+
+def test_a_projection_is_kept_with_its_runs_and_drawn_beside_the_measured_efficiency(
+    history_target: str, tmp_path: Path
+) -> None:
+    ws2 = [
+        replace(ev, runs=tuple(replace(r, scaling_efficiency=0.85) for r in ev.runs))
+        for ev in nights([0.06, 0.06], case_ws=2)
+    ]
+    case_id = ws2[0].case_id
+    batch = history.Batch(ws2[:1], KEY, "suite", projections={case_id: {"efficiency": 0.93, "world_size": 2}})
+    odd = history.Batch(ws2[1:], KEY, "suite", projections={case_id: {"efficiency": "0.9; DROP"}})
+    with opened(history_target) as db:
+        assert db.append_rows(history.appendable([batch, odd], "t", history.Fleet("r"))) == 4
+        rows = db.rows(KEY)
+    assert sorted(r.projected for r in rows if r.projected is not None) == [0.93, 0.93]
+    assert sum(r.projected is None for r in rows) == 2  # a projection of the wrong type: dropped, not trusted
+    page = tmp_path / "p.html"
+    assert cli_main(["history", "--history", history_target, "--html", str(page)]) == 0
+    assert "projected from ws1" in page.read_text()

@@ -26,7 +26,7 @@ def count(dsn: str) -> int:
 
 
 def rows_of(levels: list[float], first: int) -> list[tuple[object, ...]]:
-    batches = [(nights(levels, first=first), KEY, "suite", None, None)]
+    batches = [history.Batch(nights(levels, first=first), KEY, "suite")]
     return history.appendable(batches, "test", history.Fleet("runner-a", "proj"))
 
 
@@ -110,3 +110,24 @@ def test_a_read_only_role_views_and_exports_but_may_not_write(
     err = capsys.readouterr().err
     assert "the role may not write here" in err and "nothing was written" in err
     assert local_postgres.READER_PASSWORD not in err and count(writer) == 4
+
+
+def test_history_send_delivers_a_spool_by_hand_once(
+    own_postgres: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = local_postgres.dsn(own_postgres)
+    target = target_of(dsn)
+    assert isinstance(target, ServerDsn)
+    local_postgres.stop(own_postgres)
+    assert deliver(target, rows_of([0.1, 0.1, 0.1], 0), tmp_path).spooled == 6
+    argv = ["history", "send", "--history", dsn, "--spool-dir", str(tmp_path)]
+    assert cli_main(argv) == 2  # still away: said, nothing lost
+    said = capsys.readouterr().err
+    assert "cannot connect" in said and SECRET not in said
+    local_postgres.start(own_postgres)
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 new runs sent from" in out and SECRET not in out and count(dsn) == 6
+    assert cli_main(argv) == 0 and "0 new runs sent" in capsys.readouterr().out and count(dsn) == 6
+    assert cli_main(["history", "send", "--history", str(tmp_path / "h.sqlite")]) == 2
+    assert "give --history postgresql://" in capsys.readouterr().err

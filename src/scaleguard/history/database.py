@@ -26,8 +26,8 @@ import sqlite3
 import stat
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ class HistoryRow:
     device: str | None = None  # "cpu" or "cuda": the case's, as recorded with the run
     runner: str | None = None  # the host that measured it (schema 3; older runs: None)
     project: str | None = None  # whose suite measured it (schema 3; older runs: None)
+    projected: float | None = None  # the efficiency projected from ws1 that session (its record)
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,7 @@ class History:
         fleet: Fleet | None = None,
     ) -> int:
         """Every run of ``cases`` (quarantined ones flagged); returns how many were new."""
-        batch = (cases, hardware_key, source, verdicts, suite_commit)
+        batch = Batch(list(cases), hardware_key, source, verdicts or {}, suite_commit)
         return self.append_rows(appendable([batch], str(self.path), fleet or Fleet.here()))
 
     def append_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
@@ -396,7 +397,8 @@ class History:
             query = (
                 "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
                 "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
-                f"json_extract(record, '$.case.config.device'), runner, project FROM runs {where} "
+                f"json_extract(record, '$.case.config.device'), runner, project, "
+                f"json_extract(record, '$.projection.efficiency') FROM runs {where} "
                 "ORDER BY hardware_key, case_id, recorded_at, run_id"
             )
             raw = self._db.execute(query, args).fetchall()
@@ -500,6 +502,11 @@ def _checked_row(
         or not math.isfinite(row.efficiency)
     ):  # fmt: skip
         raise bad("efficiency")
+    if row.projected is not None and (
+        isinstance(row.projected, bool) or not isinstance(row.projected, (int, float))
+        or not math.isfinite(row.projected) or not 0 <= row.projected <= 100
+    ):  # fmt: skip
+        row = replace(row, projected=None)  # advisory (a line on the page): dropped, never trusted
     if row.samples_per_s is not None and (
         isinstance(row.samples_per_s, bool) or not isinstance(row.samples_per_s, (int, float))
         or not math.isfinite(row.samples_per_s) or row.samples_per_s < 0
@@ -595,7 +602,19 @@ def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
     return [ChangePoint(c.index, c.change, c.p_value, nights[c.index - 1], nights[c.index]) for c in points]
 
 
-Batch = tuple[Iterable[CaseEvidence], str, str, "dict[str, str] | None", "str | None"]
+@dataclass(frozen=True)
+class Batch:
+    """Runs to append, as one source gave them: its cases, their hardware key, where they came
+    from ("suite", "ab-A", "ingest", "import"), each case's verdict and projection (what a
+    multi-rank case should have done, ``Projection.to_dict()``; kept in the run's record, where
+    the page finds it beside the measured efficiency) and the suite's commit."""
+
+    cases: Sequence[CaseEvidence]
+    hardware_key: str
+    source: str
+    verdicts: Mapping[str, str] = field(default_factory=dict)
+    suite_commit: str | None = None
+    projections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def appendable(batches: Sequence[Batch], where: str, fleet: Fleet) -> list[tuple[Any, ...]]:
@@ -607,23 +626,27 @@ def appendable(batches: Sequence[Batch], where: str, fleet: Fleet) -> list[tuple
     from scaleguard.evidence.document import FileFormatError
 
     rows = []
-    for cases, hardware_key, source, verdicts, suite_commit in batches:
+    for batch in batches:
+        hardware_key, verdicts, projections = batch.hardware_key, batch.verdicts, batch.projections
         try:
             check_key(hardware_key)
         except FileFormatError as exc:
             raise HistoryError(f"history {where}: not appended: {exc}") from None
-        for evidence in cases:
+        for evidence in batch.cases:
+            projection = projections.get(evidence.case_id)
             for run in evidence.runs:
                 row = (
                     run.run_id, evidence.case_id, evidence.group_id, evidence.world_size, hardware_key,
                     _text(evidence.versions.get("torch")), _text(evidence.versions.get("torch_git")),
                     _text(evidence.versions.get("cuda")), _text(evidence.versions.get("cudnn")),
-                    _text(evidence.versions.get("nccl")), run.commit or suite_commit, run.session,
-                    run.recorded_at or "", source, run.median_s, run.samples_per_s,
+                    _text(evidence.versions.get("nccl")), run.commit or batch.suite_commit, run.session,
+                    run.recorded_at or "", batch.source, run.median_s, run.samples_per_s,
                     run.scaling_efficiency, run.peak_mem_bytes, run.quarantine,
-                    (verdicts or {}).get(evidence.case_id),
+                    verdicts.get(evidence.case_id),
                     json.dumps({"case": {k: v for k, v in evidence.to_dict().items() if k != "runs"},
-                                "run": run.to_dict()}, allow_nan=False),
+                                "run": run.to_dict(),
+                                **({"projection": dict(projection)} if projection else {})},
+                               allow_nan=False),
                     fleet.runner, fleet.project,
                 )  # fmt: skip
                 _checked_row(where, as_viewed(row), "not appended; nothing was written")

@@ -24,6 +24,7 @@ from scaleguard.history.database import (
     LOCK_TIMEOUT_S,
     MAX_ROWS,
     SCHEMA,
+    Batch,
     Fleet,
     HistoryError,
     HistoryRow,
@@ -173,7 +174,7 @@ class ServerHistory:
         suite_commit: str | None = None,
         fleet: Fleet | None = None,
     ) -> int:
-        batch = (cases, hardware_key, source, verdicts, suite_commit)
+        batch = Batch(list(cases), hardware_key, source, verdicts or {}, suite_commit)
         return self.append_rows(appendable([batch], self.where, fleet or Fleet.here()))
 
     def append_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
@@ -236,7 +237,8 @@ class ServerHistory:
             raw = self._db.execute(
                 "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
                 "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
-                f"record::jsonb #>> '{{case,config,device}}', runner, project FROM runs {where} "
+                f"record::jsonb #>> '{{case,config,device}}', runner, project, "
+                f"(record::jsonb #> '{{projection,efficiency}}') FROM runs {where} "
                 "ORDER BY hardware_key, case_id, recorded_at, run_id",
                 args,
             ).fetchall()

@@ -115,6 +115,12 @@ def render(
         if efficiency:
             xs, ys = [_t(r.recorded_at) for r in efficiency], [r.efficiency for r in efficiency]
             eff = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+lines", name="efficiency"))
+            projected = [r for r in efficiency if r.projected is not None]
+            if projected:  # what the session's ws1 run said this world size should do
+                eff.add_trace(go.Scatter(
+                    x=[_t(r.recorded_at) for r in projected], y=[r.projected for r in projected],
+                    mode="lines", line={"dash": "dot"}, name="projected from ws1",
+                ))  # fmt: skip
             eff.update_layout(
                 title=_t(f"{case_id}: scaling efficiency"), height=240, margin={"t": 40, "b": 30}
             )
