@@ -49,9 +49,8 @@ def night_rows(cases: int, night: int) -> list[tuple[object, ...]]:
     out = []
     for c in range(cases):
         (ev,) = nights([0.1], first=night * 100 + c)
-        (row, _) = history.appendable(
-            [([ev], "cpu-bench-1t", "suite", None, None)], "b", history.Fleet("b", "b")
-        )
+        batch = [history.Batch([ev], "cpu-bench-1t", "suite")]
+        (row, _) = history.appendable(batch, "b", history.Fleet("b", "b"))
         fields = list(row)
         fields[0], fields[1] = f"{fields[0]}-c{c}", f"m{c:02d}-ddp-ws1-fp32-strong"
         out.append(tuple(fields))
