@@ -100,7 +100,9 @@ MATCH_HELP = "only {what} matching this shell-style pattern (*, ?, [seq], [!seq]
 
 def check_patterns(args: argparse.Namespace) -> None:
     """An empty pattern matches nothing anywhere: said, not silently an empty (or full) view."""
-    for option, value in (("--case", args.case), ("--hardware-key", args.hardware_key)):
+    given = [("--case", args.case), ("--hardware-key", args.hardware_key)]
+    given += [(f"--{name}", getattr(args, name, None)) for name in ("runner", "project")]
+    for option, value in given:
         if value is not None and not value.strip():
             raise UsageProblem(f"{option} is empty: give a pattern (e.g. '*ddp*'), or leave it out")
 
@@ -338,7 +340,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         check_output(args.html, "--html", (".html", ".htm"))
         check_not_input(args.html, "--html", [path] if isinstance(path, Path) else [])
     with open_history(path, readonly=True) as db:
-        rows = db.rows(args.hardware_key, args.case, args.runner)
+        rows = db.rows(args.hardware_key, args.case, args.runner, args.project)
         for note in db.notes:
             print(inert(f"scaleguard history: {note}"), file=sys.stderr)
     if args.html is not None:
@@ -397,6 +399,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_output(args.out, "--out", directory=True)
     inputs = [*args.files, *([source] if not args.files and isinstance(source, Path) else [])]
     check_not_input(args.out, "--out", inputs)
+    if args.files and (args.runner is not None or args.project is not None):
+        raise UsageProblem("--runner and --project narrow a history; saved runs and baselines record neither")
     if args.files:
         rows = []
         for f in args.files:
@@ -413,7 +417,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         from scaleguard.history.store import open_history
 
         with open_history(source, readonly=True) as db:
-            rows = db.rows(args.hardware_key, args.case, args.runner)
+            rows = db.rows(args.hardware_key, args.case, args.runner, args.project)
     figures = export.nights(rows)
     try:
         if args.format == "bmf":

@@ -257,10 +257,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "project",
-        "the project recorded with every run in the history (several teams share one server)",
+        "the project recorded with every run in the history (several teams share one server); "
+        "`scaleguard history` and `export` show only its runs (a pattern), `history import` "
+        "records it",
         "the repository's directory name",
         metavar="NAME",
-        cli=(("ingest", "--project"), ("history", "--project")),
+        cli=(("ingest", "--project"), ("history", "--project"), ("export", "--project")),
     ),
     Option("no-history", "do not append this session's runs to the history database", "off", kind="flag"),
     Option(

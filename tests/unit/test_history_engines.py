@@ -113,6 +113,13 @@ def test_the_views_export_and_page_read_alike_on_both_engines(
     capsys.readouterr()
     assert cli_main(["history", "--history", history_target, "--runner", "nobody"]) == 0
     assert "no runs match" in capsys.readouterr().out
+    for project, shown in (("team-a", True), ("team-[ab]", True), ("team-b", False)):
+        assert cli_main(["history", "--history", history_target, "--project", project]) == 0
+        assert ("16 nights, 32 runs" in capsys.readouterr().out) is shown
+    assert cli_main(["export", "--format", "bmf", "--out", str(bmf), "--history", history_target,
+                     "--project", "team-b"]) == 2  # fmt: skip
+    assert cli_main(["export", "--format", "bmf", "--out", str(bmf), files[0], "--runner", "x"]) == 2
+    assert "narrow a history" in capsys.readouterr().err
 
 
 def test_a_sqlite_history_moves_onto_the_server_once(

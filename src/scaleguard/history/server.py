@@ -31,7 +31,7 @@ from scaleguard.history.database import (
     _checked_row,
     appendable,
     as_viewed,
-    matches,
+    choose,
     migration,
 )
 from scaleguard.history.target import ServerDsn
@@ -206,28 +206,26 @@ class ServerHistory:
         return raw
 
     def rows(
-        self, hardware_key: str | None = None, case_glob: str = "*", runner: str | None = None
+        self,
+        hardware_key: str | None = None,
+        case_glob: str = "*",
+        runner: str | None = None,
+        project: str | None = None,
     ) -> list[HistoryRow]:
-        """As ``History.rows``: the one matching rule (``matches``) is applied to the distinct
-        (key, case, runner) triples here, then only their runs are read, by value."""
+        """As ``History.rows``: the patterns chosen over the distinct kinds (``choose``), then
+        only the chosen runs are read, by value."""
         try:
-            triples = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner FROM runs").fetchall()
-            wanted = [
-                (key, case) for key, case, host in triples
-                if matches(case, case_glob)
-                and (hardware_key is None or matches(key, hardware_key))
-                and (runner is None or (host is not None and matches(host, runner)))
-            ]  # fmt: skip
-            pairs = sorted(set(wanted))
+            kinds = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner, project FROM runs")
+            pairs, runners, projects = choose(kinds.fetchall(), hardware_key, case_glob, runner, project)
             if not pairs:
                 return []
             keys, cases = [k for k, _ in pairs], [c for _, c in pairs]
             where = "WHERE (hardware_key, case_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
             args: list[Any] = [keys, cases]
-            if runner is not None:
-                hosts = sorted({h for _, _, h in triples if h is not None and matches(h, runner)})
-                where += " AND runner = ANY(%s)"
-                args.append(hosts)
+            for column, kept in (("runner", runners), ("project", projects)):
+                if kept is not None:  # a column name of ours, never the user's
+                    where += f" AND {column} = ANY(%s)"
+                    args.append(sorted(kept))
             count = self._db.execute(f"SELECT count(*) FROM runs {where}", args).fetchone()[0]
             if count > MAX_ROWS:
                 raise HistoryError(

@@ -46,7 +46,11 @@ class Store(Protocol):
     def raw_rows(self) -> list[tuple[Any, ...]]: ...
 
     def rows(
-        self, hardware_key: str | None = None, case_glob: str = "*", runner: str | None = None
+        self,
+        hardware_key: str | None = None,
+        case_glob: str = "*",
+        runner: str | None = None,
+        project: str | None = None,
     ) -> list[HistoryRow]: ...
 
     def close(self) -> None: ...
