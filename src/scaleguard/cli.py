@@ -343,20 +343,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         rows = db.rows(args.hardware_key, args.case, args.runner, args.project)
         for note in db.notes:
             print(inert(f"scaleguard history: {note}"), file=sys.stderr)
+    series = history.analyse(rows, settings)  # each case's change points searched once
     if args.html is not None:
         from scaleguard.report import page as history_page
 
-        history_page.write(args.html, rows, settings)
+        history_page.write(args.html, rows, settings, series)
         print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
-    groups: dict[tuple[str, str], list[history.HistoryRow]] = {}
-    for row in rows:
-        groups.setdefault((row.hardware_key, row.case_id), []).append(row)
-    if not groups:
+    if not series:
         print(inert(f"scaleguard history {path}: no runs match"))
         return 0
     out = inert
-    for (key, case_id), case_rows in sorted(groups.items()):
-        nights = history.nightly(case_rows)
+    for one in series:
+        key, case_id, case_rows, nights = one.hardware_key, one.case_id, one.rows, one.nights
         runners = sorted({r.runner for r in case_rows if r.runner})
         more = " ..." if len(runners) > 8 else ""
         fleet = f", runners {', '.join(runners[:8])}{more}" if len(runners) > 1 else ""
@@ -366,8 +364,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
             print(out(f"  {night.recorded_at[:19]}  {night.value * 1e3:9.2f} ms  {night.runs} runs  {build}"
                       f"  {'/'.join(verdicts) or '-'}  [{night.session}]"))  # fmt: skip
-        magnitude = history.min_magnitude_for(key, case_id, settings, history.device_of(case_rows))
-        for point in history.case_change_points(nights, min_magnitude=magnitude):
+        for point in one.points:
             before, after = point.before, point.after
             assert before is not None and after is not None
             builds = (

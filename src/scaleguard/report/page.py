@@ -65,24 +65,27 @@ def render(
     rows: Sequence[history.HistoryRow],
     title: str = "scaleguard history",
     settings: ThresholdSettings | None = None,
+    series: Sequence[history.CaseSeries] | None = None,
 ) -> str:
-    """The page's HTML for ``rows`` (any hardware keys and cases)."""
+    """The page's HTML for ``rows`` (any hardware keys and cases); ``series``: their nights and
+    change points when the caller has them already (``history.analyse``)."""
     import plotly.graph_objects as go
     from plotly.offline import get_plotlyjs
 
-    by_case: dict[tuple[str, str], list[history.HistoryRow]] = {}
-    for row in rows:
-        by_case.setdefault((row.hardware_key, row.case_id), []).append(row)
     sections: list[str] = []
     open_regressions: list[str] = []
     options: dict[str, set[str]] = {"model": set(), "mode": set(), "precision": set(), "ws": set()}
-    for (key, case_id), case_rows in sorted(by_case.items()):
+    for one in history.analyse(rows, settings) if series is None else series:
+        key, case_id, case_rows, nights, points = (
+            one.hardware_key,
+            one.case_id,
+            one.rows,
+            one.nights,
+            one.points,
+        )
         parts = _parts(case_id)
         for name in options:
             options[name].add(parts[name])
-        nights = history.nightly(case_rows)
-        magnitude = history.min_magnitude_for(key, case_id, settings, history.device_of(case_rows))
-        points = history.case_change_points(nights, min_magnitude=magnitude)
         fig = go.Figure()
         for torch in sorted({r.torch or "unknown" for r in case_rows}):
             runs = [r for r in case_rows if (r.torch or "unknown") == torch and r.quarantine is None]
@@ -194,7 +197,12 @@ def _scaling_curves(rows: Sequence[history.HistoryRow]) -> list[str]:
     return out
 
 
-def write(path: Path, rows: Sequence[history.HistoryRow], settings: ThresholdSettings | None = None) -> None:
+def write(
+    path: Path,
+    rows: Sequence[history.HistoryRow],
+    settings: ThresholdSettings | None = None,
+    series: Sequence[history.CaseSeries] | None = None,
+) -> None:
     from scaleguard.evidence.document import atomic_write_text
 
-    atomic_write_text(path, render(rows, settings=settings))
+    atomic_write_text(path, render(rows, settings=settings, series=series))
