@@ -75,6 +75,8 @@ def test_a_straggler_without_a_baseline_is_below_its_projection_and_named(
     else:
         result.assert_outcomes(passed=2)  # a warning: the case is not failed
     result.stdout.re_match_lines(
-        [r".*transformer_tiny-ddp-ws2-fp32-strong BELOW-PROJECTION: efficiency 0\.\d\d vs 0\.\d\d projected from "
+        # the projection may exceed 1 (ws1 computed its half batch in less than half its step: 1.10
+        # on a CI run); the measured efficiency is near half of it
+        [r".*transformer_tiny-ddp-ws2-fp32-strong BELOW-PROJECTION: efficiency 0\.\d\d vs \d\.\d\d projected from "
          r"ws1, \d+\.\d points below .*cause: a straggler .*rank 1 computes \d+\.\d ms/step more than the others.*"]
     )  # fmt: skip

@@ -93,14 +93,15 @@ def test_a_schema_2_record_still_ingests(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_run_given_twice_or_ingested_again_counts_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], history_target: str
 ) -> None:
     from scaleguard.evidence import baseline
-    from scaleguard.history import database as history
+    from scaleguard.history.store import open_history
+    from scaleguard.history.target import target_of
 
     record = write_run(tmp_path)
-    base, db = tmp_path / "b", tmp_path / "h.sqlite"
-    common = ["--baselines", str(base), "--update-baselines", "--history", str(db)]
+    base = tmp_path / "b"
+    common = ["--baselines", str(base), "--update-baselines", "--history", history_target, "--project", "p1"]
     assert cli_main(["ingest", str(record), str(record), *common]) == 0
     assert "counted once" in capsys.readouterr().err
     assert cli_main(["ingest", str(record), *common]) == 0  # the same run, a second ingest
@@ -108,8 +109,9 @@ def test_a_run_given_twice_or_ingested_again_counts_once(
     loaded = baseline.load(path)
     assert loaded is not None
     (entry,) = [e for by_torch in loaded.cases.values() for e in by_torch.values()]
-    with history.History(db, readonly=True) as h:
-        assert len(entry.runs) == 1 and len(h.rows()) == 1
+    with open_history(target_of(history_target), readonly=True) as h:  # a file or a server alike
+        (row,) = h.rows()
+        assert len(entry.runs) == 1 and row.project == "p1" and row.runner
 
 
 def test_a_records_device_name_reaches_the_terminal_inert(
