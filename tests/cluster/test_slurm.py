@@ -81,8 +81,13 @@ def test_a_two_node_session_is_recorded_judged_and_catches_a_slowdown_on_one_nod
     assert "nodes" not in ws1["config"]  # one node: a one-node record of the same case matches
 
     bench = tmp_path / "bench"
+    # unmodified: never REGRESSED. With confirm runs, as a night has them: a CI run met the VM
+    # at half its probe speed in the one run and its all-reduce 0.6 -> 3.8 ms (gloo over
+    # loopback is the first to feel a busy host); the suite's answer to that is another run
     judged = suite.runpytest_subprocess(
         *cluster_args(suite.path, shared, "--benchmark-save=cluster", f"--benchmark-storage=file://{bench}"),
+        "--perf-confirm",
+        "2",
         timeout=400,
     )
     judged.assert_outcomes(passed=2)
@@ -189,7 +194,11 @@ def test_ctrl_c_during_a_run_cancels_the_step_and_the_allocation(
     env = {**os.environ, FAULT_ENV: "hang,rank=0,phase=measure,step=1"}
     cmd = [sys.executable, "-m", "pytest",
            *cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-inject-faults")]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=suite.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Ctrl-C as a terminal delivers it: SIGINT handled. A runner that starts the tests in the
+    # background (`cmd &` in a script) hands them SIGINT ignored, and Python keeps it ignored: a
+    # CI run so started found the session asleep in its step 120 s after the signal
+    proc = subprocess.Popen(cmd, cwd=suite.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 120
     while not list((tmp_path / "shared").glob("*/*/srun.log")) and time.monotonic() < deadline:
         time.sleep(0.5)
