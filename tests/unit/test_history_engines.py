@@ -182,3 +182,22 @@ def test_a_projection_is_kept_with_its_runs_and_drawn_beside_the_measured_effici
     page = tmp_path / "p.html"
     assert cli_main(["history", "--history", history_target, "--html", str(page)]) == 0
     assert "projected from ws1" in page.read_text()
+
+
+@pytest.mark.parametrize("column, value", [("record", "not json"), ("record", "[1]"), ("world_size", "two")])
+def test_a_hostile_history_file_is_refused_at_import_and_nothing_is_written(
+    history_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, value: str
+) -> None:
+    import sqlite3
+
+    old = tmp_path / "hostile.sqlite"
+    with history.History(old) as db:
+        db.append(nights([0.1]), KEY, "suite")
+    conn = sqlite3.connect(old)
+    conn.execute(f"UPDATE runs SET {column} = ?", (value,))  # a column name of the test's own
+    conn.commit()
+    conn.close()
+    if history_target.endswith("h.sqlite"):
+        history_target = str(tmp_path / "other.sqlite")
+    assert cli_main(["history", "import", str(old), "--history", history_target]) == 2
+    assert "of the wrong type or size" in capsys.readouterr().err

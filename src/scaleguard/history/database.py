@@ -356,6 +356,7 @@ class History:
             raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
         for row in raw:
             _checked_row(str(self.path), as_viewed(row))
+            check_stored(str(self.path), row, _REBUILD)
         return raw
 
     def delete_runs(self, keys: Sequence[tuple[str, str]]) -> None:
@@ -721,6 +722,39 @@ _VIEWED = tuple(
     )
 )  # fmt: skip
 _FLEET = (_COLUMNS.index("runner"), _COLUMNS.index("project"))
+
+
+_RECORD_MAX = 4 << 20  # bytes of one stored record: a run's steps and anatomy are far smaller
+
+
+def check_stored(where: str, row: Sequence[Any], fix: str) -> None:
+    """The columns a view does not read, checked before a row is copied (an imported file, a
+    spool): a record that is no JSON object would make every later view of a server history
+    fail (its views read the record as JSON), a world size that is no integer its insert."""
+    run_id = str(row[0])[:60]
+    record = row[_COLUMNS.index("record")]
+    world = row[_COLUMNS.index("world_size")]
+    group = row[_COLUMNS.index("group_id")]
+    bad = None
+    if type(world) is not int or not 0 < world < 1 << 31:
+        bad = "world size"
+    elif not isinstance(group, str) or len(group) > _TEXT_MAX:
+        bad = "group id"
+    elif any(
+        v is not None and (not isinstance(v, str) or len(v) > _TEXT_MAX)
+        for v in (row[_COLUMNS.index(c)] for c in ("cuda", "cudnn", "nccl", "suite_commit"))
+    ):
+        bad = "version text"
+    elif not isinstance(record, str) or len(record) > _RECORD_MAX:
+        bad = "record"
+    else:
+        try:
+            if not isinstance(json.loads(record), dict):
+                bad = "record"
+        except (ValueError, RecursionError):
+            bad = "record"
+    if bad is not None:
+        raise HistoryError(f"history {where}: run {run_id!r} has a {bad} of the wrong type or size; {fix}")
 
 
 def as_viewed(row: Sequence[Any]) -> tuple[Any, ...]:

@@ -31,6 +31,7 @@ from scaleguard.history.database import (
     _checked_row,
     appendable,
     as_viewed,
+    check_stored,
     choose,
     migration,
 )
@@ -203,6 +204,7 @@ class ServerHistory:
             raise self._failure("cannot be read", exc) from None
         for row in raw:
             _checked_row(self.where, as_viewed(row), _FIX)
+            check_stored(self.where, row, _FIX)
         return raw
 
     def rows(
