@@ -101,6 +101,12 @@ KIND_SPREADS: dict[str, KindSpread] = {
     # 5 device-bound ResNet-50 cases, runs from 2 machines (2026-12-05): pooled sd 0.17 %
     # (5 df), case max-min 0.01-0.45 %
     "NVIDIA H200": KindSpread(0.0030, "5 device-bound cases on 2 H200 machines, pooled sd 0.17 %"),
+    # 12 device-bound cases (GPT-2, ResNet-50 bs 256 and fp32 bs 64, transformer bs 128), runs
+    # from 2 freshly started machines (2026-12-06): pooled sd 0.27 % (12 df); ResNet-50 0.02-0.19 %,
+    # GPT-2 0.38-0.47 % (machine B 0.5-0.7 % faster on all four)
+    "NVIDIA H100 80GB HBM3": KindSpread(
+        0.0038, "12 device-bound cases on 2 H100 machines, pooled sd 0.27 %"
+    ),
 }
 
 
