@@ -408,8 +408,9 @@ def _named(runs: list[RunRecord], name: str) -> list[RunRecord]:
         ("NVIDIA H200", 0.97, Status.REGRESSED, "0.3%, the NVIDIA H200's between-machine spread"),
         # the same kind, a host-bound step: the device's general prior (1 %), 3 % needed
         ("NVIDIA H200", 0.5, Status.OK, "1.0%, this device's prior"),
+        ("NVIDIA H100 80GB HBM3", 0.97, Status.REGRESSED, "0.4%, the NVIDIA H100 80GB HBM3's between-machine"),
         # a kind nobody has measured: the device's general prior
-        ("NVIDIA H100 80GB HBM3", 0.97, Status.OK, "1.0%, this device's prior"),
+        ("NVIDIA A100-SXM4-80GB", 0.97, Status.OK, "1.0%, this device's prior"),
     ],
 )
 def test_a_young_baseline_of_a_device_bound_step_assumes_its_kinds_measured_spread(
