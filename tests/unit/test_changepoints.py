@@ -185,3 +185,27 @@ def test_the_smallest_change_point_follows_the_device_recorded_with_the_runs(tmp
     assert history.min_magnitude_for("lab-box-7", rows[0].case_id) == pytest.approx(
         0.03
     )  # no device: the key's form
+
+
+def test_the_search_reads_each_night_a_bounded_number_of_times_on_rippled_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rounded or rippled values put the best split a few nights from an edge, segment after
+    segment: splitting off three nights at a time searched 12,000 nights ~900 times each (a
+    10,000-night series of them took a second). A split near an edge also halves the long side:
+    every night is searched O(log n + BALANCED_MIN / min_size) times, and the step is still found."""
+    from scaleguard.history import changepoints
+
+    n = 12_000
+    rippled = [0.1 * (1.05 if i >= n // 2 else 1.0) * (1 + 0.002 * ((i * 7 + 3) % 5)) for i in range(n)]
+    searched = [0]
+    best_split = changepoints._best_split
+
+    def counting(seg: np.ndarray, min_size: int) -> tuple[int, float]:
+        searched[0] += seg.size
+        return best_split(seg, min_size)
+
+    monkeypatch.setattr(changepoints, "_best_split", counting)
+    steps = detect(rippled, min_magnitude=0.02)
+    assert [s.index for s in steps] == [n // 2]
+    assert searched[0] < 150 * n, searched[0]  # the quadratic search read ~1,000 x n

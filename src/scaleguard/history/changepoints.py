@@ -200,6 +200,10 @@ def _long_split(seg: np.ndarray, min_size: int) -> tuple[int, float]:
     return at, whole - float(cost.min())
 
 
+BALANCED_MIN = 1024  # nights: a longer segment split near an edge is also halved
+EDGE_PART = 8  # "near an edge": within 1/8 of the segment's length
+
+
 def _candidates(x: np.ndarray, min_size: int) -> list[int]:
     """Every split of the top-down search, significant or not (sorted)."""
     found: list[int] = []
@@ -208,9 +212,22 @@ def _candidates(x: np.ndarray, min_size: int) -> list[int]:
         lo, hi = stack.pop()
         if hi - lo < 2 * min_size:
             continue
-        split = lo + _best_split(x[lo:hi], min_size)[0]
-        found.append(split)
-        stack += [(lo, split), (split, hi)]
+        m = hi - lo
+        at = _best_split(x[lo:hi], min_size)[0]
+        found.append(lo + at)
+        edge = min(at, m - at)
+        if m > BALANCED_MIN and edge < m // EDGE_PART:
+            # a split near an edge leaves one side almost as long as the segment: splitting off a
+            # few nights at a time made the search quadratic (a 10,000-night series of rounded
+            # or rippled values took a second). The long side is also halved, so every night
+            # lies in O(log n) searched segments; the edge's own few nights are searched alone
+            mid = lo + m // 2
+            if at < m // 2:
+                stack += [(lo, lo + at), (lo + at, mid), (mid, hi)]
+            else:
+                stack += [(lo, mid), (mid, lo + at), (lo + at, hi)]
+        else:
+            stack += [(lo, lo + at), (lo + at, hi)]
     return sorted(found)
 
 

@@ -24,14 +24,13 @@ import os
 import socket
 import sqlite3
 import stat
+import statistics
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from scaleguard.evidence.document import ID_PATTERN as CASE_ID
 from scaleguard.evidence.document import MAX_STEP_S
@@ -577,7 +576,7 @@ def nightly(rows: Sequence[HistoryRow]) -> list[Night]:
         Night(
             session,
             min(r.recorded_at for r in runs),
-            float(np.median([r.median_s for r in runs])),
+            float(runs[0].median_s if len(runs) == 1 else statistics.median(r.median_s for r in runs)),
             runs[-1].torch,
             runs[-1].torch_git,
             len(runs),
