@@ -41,7 +41,8 @@ def test_slower_backward_names_backward_and_the_op_that_grew() -> None:
 def test_device_time_no_op_launched_is_a_row_of_its_own_and_named_when_material() -> None:
     from types import SimpleNamespace as Event
 
-    from scaleguard.evidence.anatomy import OUTSIDE_OPS, top_ops
+    from scaleguard.evidence.anatomy import OUTSIDE_OPS
+    from scaleguard.ranks.profiling import top_ops
 
     def cpu(key: str, device_us: float) -> Event:
         return Event(key=key, count=1, self_device_time_total=device_us, device_type="DeviceType.CPU")
@@ -90,7 +91,7 @@ def test_round_trip_drops_nothing_and_reader_rejects_bad_fields() -> None:
 def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import torch
 
-    from scaleguard.evidence.anatomy import PhasedStep, measure
+    from scaleguard.ranks.profiling import PhasedStep, measure
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")  # the trace's directory is a file: mkdir fails
@@ -170,7 +171,7 @@ def test_the_cuda_fields_round_trip_and_an_older_record_without_them_still_reads
 def test_device_side_annotations_are_not_counted_as_kernels() -> None:
     from types import SimpleNamespace as Event
 
-    from scaleguard.evidence.anatomy import device_busy_ms, top_ops
+    from scaleguard.ranks.profiling import device_busy_ms, top_ops
 
     averages = [
         Event(key="aten::mm", count=1, self_device_time_total=3000.0, device_type="DeviceType.CPU"),
@@ -190,6 +191,29 @@ def test_device_side_annotations_are_not_counted_as_kernels() -> None:
            for i in (0, 1)]  # fmt: skip
     assert device_busy_ms(two) == pytest.approx(3.0)
     assert [r.name for r in top_ops(averages, on_device=True)] == ["aten::mm"]  # no "outside" row
+
+
+def test_device_time_is_read_by_its_current_name_and_the_deprecated_one_never_touched() -> None:
+    """torch >= 2.4 warns (FutureWarning) on every read of ``self_cuda_time_total``: reading it
+    as a fallback default, evaluated every time, put one warning per op in every CUDA run's log."""
+    import warnings
+
+    from scaleguard.ranks.profiling import device_busy_ms, top_ops
+
+    class Event:
+        def __init__(self, key: str, us: float, device_type: str) -> None:
+            self.key, self.count, self.self_device_time_total, self.device_type = key, 1, us, device_type
+
+        @property
+        def self_cuda_time_total(self) -> float:
+            warnings.warn("`self_cuda_time_total` is deprecated", FutureWarning, stacklevel=2)
+            return self.self_device_time_total
+
+    averages = [Event("aten::mm", 3000.0, "DeviceType.CPU"), Event("sm90_gemm", 3000.0, "DeviceType.CUDA")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert device_busy_ms(averages) == pytest.approx(3.0)
+        assert [(o.name, o.ms) for o in top_ops(averages, on_device=True)] == [("aten::mm", 3.0)]
 
 
 def test_an_older_cuda_record_loses_its_outside_row_which_counted_annotations() -> None:

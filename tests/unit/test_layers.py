@@ -176,3 +176,20 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     # the rule itself: a module of the evidence layer importing the report is one
     assert layer_of("scaleguard.evidence.records") < layer_of("scaleguard.report.terminal")
     assert layer_of("scaleguard.evidence.document") == 0
+
+
+def test_the_evidence_layer_never_imports_torch() -> None:
+    """What runs inside a rank (the phased and profiled steps, collectives) lives in ``ranks``;
+    ``evidence`` reads and judges records and must load where torch cannot (the CLI, a report).
+    The workloads' FLOP counts, which build models, are reached only through ``metrics``' one
+    deferred import of ``scaleguard.workloads``, never torch itself."""
+    found = []
+    for path in sorted((SRC / PACKAGE / "evidence").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [
+                f"{path.relative_to(SRC)}: {n}" for n in names if n == "torch" or n.startswith("torch.")
+            ]
+    assert not found, "torch imported by the evidence layer:\n" + "\n".join(found)

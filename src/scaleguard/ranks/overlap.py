@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.anatomy import PhasedStep
+from scaleguard.ranks.profiling import PhasedStep
 
 PHASE_STEPS = 3
 PROBE_REPS = 3

@@ -31,16 +31,16 @@ import torch.distributed as dist
 from torch import nn
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence import anatomy
-from scaleguard.evidence.anatomy import PHASES, PhasedStep
+from scaleguard.evidence.anatomy import PHASES
 from scaleguard.evidence.document import atomic_write_json, atomic_write_text
 from scaleguard.evidence.records import RankFailure, RankPhase, RankResult
 from scaleguard.evidence.steady import WarmupPolicy
 from scaleguard.machine.env import cpu_model, runtime_versions
 from scaleguard.machine.placement import bound_cpus, slurm_placement
-from scaleguard.ranks import overlap, timing
+from scaleguard.ranks import overlap, profiling, timing
 from scaleguard.ranks.collective import build_allreduce_step
 from scaleguard.ranks.faults import FaultSpec
+from scaleguard.ranks.profiling import PhasedStep
 from scaleguard.workloads.builtins import Batch, synthetic_batches
 from scaleguard.workloads.contract import Workload
 from scaleguard.workloads.flops import count_step_flops, counted
@@ -388,7 +388,7 @@ def _anatomy(
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     trace = Path(files.trace) if files.trace else None
-    return anatomy.measure(phased, spec.settings.profile_steps, activities, trace).to_dict()
+    return profiling.measure(phased, spec.settings.profile_steps, activities, trace).to_dict()
 
 
 def _with_anatomy(
