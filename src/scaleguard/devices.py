@@ -104,9 +104,7 @@ KIND_SPREADS: dict[str, KindSpread] = {
     # 12 device-bound cases (GPT-2, ResNet-50 bs 256 and fp32 bs 64, transformer bs 128), runs
     # from 2 freshly started machines (2026-12-06): pooled sd 0.27 % (12 df); ResNet-50 0.02-0.19 %,
     # GPT-2 0.38-0.47 % (machine B 0.5-0.7 % faster on all four)
-    "NVIDIA H100 80GB HBM3": KindSpread(
-        0.0038, "12 device-bound cases on 2 H100 machines, pooled sd 0.27 %"
-    ),
+    "NVIDIA H100 80GB HBM3": KindSpread(0.0038, "12 device-bound cases on 2 H100 machines, pooled sd 0.27 %"),
 }
 
 

@@ -408,7 +408,12 @@ def _named(runs: list[RunRecord], name: str) -> list[RunRecord]:
         ("NVIDIA H200", 0.97, Status.REGRESSED, "0.3%, the NVIDIA H200's between-machine spread"),
         # the same kind, a host-bound step: the device's general prior (1 %), 3 % needed
         ("NVIDIA H200", 0.5, Status.OK, "1.0%, this device's prior"),
-        ("NVIDIA H100 80GB HBM3", 0.97, Status.REGRESSED, "0.4%, the NVIDIA H100 80GB HBM3's between-machine"),
+        (
+            "NVIDIA H100 80GB HBM3",
+            0.97,
+            Status.REGRESSED,
+            "0.4%, the NVIDIA H100 80GB HBM3's between-machine",
+        ),
         # a kind nobody has measured: the device's general prior
         ("NVIDIA A100-SXM4-80GB", 0.97, Status.OK, "1.0%, this device's prior"),
     ],
