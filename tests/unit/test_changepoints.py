@@ -209,3 +209,26 @@ def test_the_search_reads_each_night_a_bounded_number_of_times_on_rippled_values
     steps = detect(rippled, min_magnitude=0.02)
     assert [s.index for s in steps] == [n // 2]
     assert searched[0] < 150 * n, searched[0]  # the quadratic search read ~1,000 x n
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.5, 2.0), min_size=14, max_size=160),
+    st.integers(0, 10_000),
+)
+def test_a_child_segment_searched_with_its_parents_costs_splits_where_a_fresh_search_does(
+    values: list[float], cut: int
+) -> None:
+    """The top-down search hands each child the cost array it shares with its parent (the left
+    child's costs ahead, the right child's behind): the same numbers, so the same split."""
+    from scaleguard.history.changepoints import _search
+
+    seg = np.log(np.asarray(values))
+    m = seg.size
+    _, _, ahead, behind = _search(seg, 3)
+    at = 3 + cut % (m - 5)
+    left, right = seg[:at], seg[at:]
+    if left.size >= 6:
+        assert _search(left, 3, ahead=ahead[:at])[:2] == _search(left, 3)[:2]
+    if right.size >= 6:
+        assert _search(right, 3, behind=behind[at:])[:2] == _search(right, 3)[:2]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -156,21 +157,39 @@ def _best_split(seg: np.ndarray, min_size: int) -> tuple[int, float]:
     an outlier night adds its distance whichever side it is on, so it cannot pull the split
     to itself; absolute deviations, not ranks: a rank statistic is largest at the middle of a
     perfectly separated series and put a step two nights late."""
+    at, gain, _, _ = _search(seg, min_size)
+    return at, gain
+
+
+def _as_list(costs: Any) -> list[float]:
+    return costs.tolist() if isinstance(costs, np.ndarray) else costs
+
+
+def _search(
+    seg: np.ndarray, min_size: int, ahead: Any = None, behind: Any = None
+) -> tuple[int, float, Any, Any]:
+    """``_best_split`` with its cost arrays: ``ahead[k-1]`` the cost of the first k values,
+    ``behind[k]`` of the values from k on. A child segment shares one of them with its parent
+    (the left child's costs ahead are the parent's, cut; the right child's behind too), so the
+    top-down search passes them down and computes only the other: half the search's work, the
+    same numbers. Long segments (``_long_split``) have none."""
     m = seg.size
     if m > EXACT_SPLIT_MAX:
-        return _long_split(seg, min_size)
+        at, gain = _long_split(seg, min_size)
+        return at, gain, None, None
     if m <= SMALL:  # most segments of a long series: lists, without numpy's cost per call
         values = seg.tolist()
-        ahead = _prefix_l1_list(values)
-        behind = _prefix_l1_list(values[::-1])[::-1]  # behind[k] = cost of values[k:]
+        ahead = _prefix_l1_list(values) if ahead is None else _as_list(ahead)
+        # behind[k] = cost of values[k:]
+        behind = _prefix_l1_list(values[::-1])[::-1] if behind is None else _as_list(behind)
         at = min(range(min_size, m - min_size + 1), key=lambda k: ahead[k - 1] + behind[k])
-        return at, ahead[-1] - (ahead[at - 1] + behind[at])
-    left = _prefix_l1(seg)
-    right = _prefix_l1(seg[::-1])[::-1]  # right[k] = cost of seg[k:]
+        return at, ahead[-1] - (ahead[at - 1] + behind[at]), ahead, behind
+    left = _prefix_l1(seg) if ahead is None else np.asarray(ahead)
+    right = _prefix_l1(seg[::-1])[::-1] if behind is None else np.asarray(behind)  # right[k]: seg[k:]
     splits = np.arange(min_size, m - min_size + 1)
     cost = left[splits - 1] + right[splits]
     at = int(np.argmin(cost))
-    return int(splits[at]), float(left[-1] - cost[at])
+    return int(splits[at]), float(left[-1] - cost[at]), left, right
 
 
 EXACT_SPLIT_MAX = 1024  # nights: the exact search above this is the detector's whole cost
@@ -207,27 +226,35 @@ EDGE_PART = 8  # "near an edge": within 1/8 of the segment's length
 def _candidates(x: np.ndarray, min_size: int) -> list[int]:
     """Every split of the top-down search, significant or not (sorted)."""
     found: list[int] = []
-    stack = [(0, x.size)]
+    # (lo, hi, costs ahead, costs behind): the costs a segment shares with its parent, or None
+    stack: list[tuple[int, int, Any, Any]] = [(0, x.size, None, None)]
     while stack:
-        lo, hi = stack.pop()
+        lo, hi, ahead, behind = stack.pop()
         if hi - lo < 2 * min_size:
             continue
         m = hi - lo
-        at = _best_split(x[lo:hi], min_size)[0]
+        at, _, ahead, behind = _search(x[lo:hi], min_size, ahead, behind)
         found.append(lo + at)
+
         edge = min(at, m - at)
         if m > BALANCED_MIN and edge < m // EDGE_PART:
             # a split near an edge leaves one side almost as long as the segment: splitting off a
             # few nights at a time made the search quadratic (a 10,000-night series of rounded
             # or rippled values took a second). The long side is also halved, so every night
             # lies in O(log n) searched segments; the edge's own few nights are searched alone
-            mid = lo + m // 2
-            if at < m // 2:
-                stack += [(lo, lo + at), (lo + at, mid), (mid, hi)]
+            mid = m // 2
+            if at < mid:
+                parts = [(0, at), (at, mid), (mid, m)]
             else:
-                stack += [(lo, mid), (mid, lo + at), (lo + at, hi)]
+                parts = [(0, mid), (mid, at), (at, m)]
         else:
-            stack += [(lo, lo + at), (lo + at, hi)]
+            parts = [(0, at), (at, m)]
+        for a, b in parts:  # the first part shares the costs ahead, the last those behind
+            stack.append((
+                lo + a, lo + b,
+                ahead[:b] if a == 0 and ahead is not None else None,
+                behind[a:] if b == m and behind is not None else None,
+            ))  # fmt: skip
     return sorted(found)
 
 
