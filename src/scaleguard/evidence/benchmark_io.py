@@ -17,7 +17,7 @@ from scaleguard.case import CaseSpec
 from scaleguard.evidence.document import Fields, FileFormatError, content_id, read_document
 from scaleguard.evidence.projection import Projection
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
-from scaleguard.evidence.stats import StepSummary
+from scaleguard.evidence.upgrades import saved_case_from_1
 from scaleguard.evidence.verdict import Verdict
 from scaleguard.machine.env import HostFingerprint
 from scaleguard.schema import SCHEMA_VERSION
@@ -171,20 +171,10 @@ def read_saved_run(path: Path, data: dict[str, Any]) -> tuple[str | None, dict[s
             if not runs:
                 raise FileFormatError(f"{where}: field 'runs' is empty; {fix}")
         else:  # schema 1: the case's steps as one run
-            steps = info.samples("step_s")
-            # ids from the content: two hosts' 0001_nightly.json share the name, never the samples
             night = content_id(path.stem, top.data.get("datetime"), machine.data.get("node"), commit)
-            runs = (
-                RunRecord(
-                    run_id=f"{path.stem}-{content_id(night, info_raw.get('case_id'), steps)}",
-                    session=f"{path.stem}-{night}",
-                    summary=StepSummary.of(steps), step_s=steps,
-                    samples_per_s=float(info.number("samples_per_s", 1e-12) or 0.0),
-                    peak_mem_bytes=_peak_bytes(info),
-                    scaling_efficiency=info.number("scaling_efficiency", 0.0, 1e3, optional=True),
-                    commit=commit, quarantine="throttled" if info.flag("throttled") else None,
-                ),
-            )  # fmt: skip
+            upgraded = saved_case_from_1(info, night, path.stem, commit)
+            upgraded["peak_mem_bytes"] = _peak_bytes(info)
+            runs = (RunRecord.from_dict(upgraded, f"{where}.runs[0]", fix),)
         versions = info.scalars("versions", optional=True) or info.scalars("runtime", optional=True)
         torch_version = machine.text("torch_version", optional=True)
         evidence = CaseEvidence(

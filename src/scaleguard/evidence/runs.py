@@ -21,7 +21,6 @@ from scaleguard.evidence.document import (
     MAX_ID_CHARS,
     Fields,
     FileFormatError,
-    content_id,
     read_byte_counts,
     read_flag,
     read_floats,
@@ -342,42 +341,14 @@ class CaseEvidence:
 
     @classmethod
     def from_schema1(cls, data: Any, where: str, fix: str) -> CaseEvidence:
-        """A schema-1 baseline entry (one run's steps, no run structure) as one run."""
-        f = Fields.of(data, where, fix)
-        step_s = f.samples("step_s")
-        run = RunRecord(
-            # the case and the samples in the id: entries without recorded_at must not collide
-            run_id="schema1-"
-            + content_id(f.data.get("case_id"), f.text("recorded_at", optional=True), step_s),
-            session=f"schema1-{f.text('recorded_at', optional=True) or 'unknown'}",
-            summary=StepSummary.of(step_s),
-            step_s=step_s,
-            samples_per_s=float(f.number("samples_per_s", 1e-12) or 0.0),
-            peak_mem_bytes=int(f.integer("peak_mem_bytes") or 0),
-            scaling_efficiency=f.number("scaling_efficiency", 0.0, 1e3, optional=True),
-            speedup=f.number("speedup", 0.0, 1e6, optional=True),
-            recorded_at=f.text("recorded_at", optional=True) or "",
-            commit=f.text("commit", optional=True),
-            quarantine="throttled (schema 1)" if f.flag("throttled") else None,
-        )
-        return cls(
-            case_id=str(f.ident("case_id")),
-            group_id=str(f.ident("group_id")),
-            world_size=int(f.integer("world_size", 1, 1_000_000) or 1),
-            config=f.scalars("config"),
-            versions=f.scalars("versions"),
-            runs=(run,),
-        )
+        """A schema-1 baseline entry (one run's steps, no run structure), upgraded, as one run."""
+        from scaleguard.evidence.upgrades import baseline_entry_from_1
+
+        return cls.from_dict(baseline_entry_from_1(data, where, fix), where, fix)
 
 
 # --- the torchrun record: one run and the case it measured, in one file ---------------------------
 _RUN_FILE_FIELDS = frozenset({"schema_version", "spec", "run"})
-# what a schema-2 record held: the run's fields beside its spec (RunResult, before schema 3)
-_SCHEMA2_RUN_FILE_FIELDS = frozenset({
-    "spec", "step_s", "summary", "samples_per_s", "peak_mem_bytes", "mem_kind", "warmup_steps",
-    "steady", "device_name", "runtime", "settings", "notes", "machine_state", "quarantine", "wall_s",
-    "phases_s", "run_id", "anatomy", "process_runs_before", "flops_per_step", "schema_version",
-})  # fmt: skip
 
 
 def run_file(spec: CaseSpec, run: RunRecord) -> dict[str, Any]:
@@ -393,11 +364,12 @@ def read_run_file(data: Any, where: str, fix: str) -> tuple[CaseSpec, RunRecord]
     reads as the same run."""
     f = Fields.of(data, where, fix)
     if "run" not in f.data and "step_s" in f.data:
-        spec, run = _schema2_run_file(f)
-    else:
-        f.known(_RUN_FILE_FIELDS)
-        spec = CaseSpec.from_fields(f.obj("spec"))
-        run = RunRecord.from_dict(f.obj("run").data, f"{where}.run", fix)  # "field 'run' is missing"
+        from scaleguard.evidence.upgrades import run_file_from_2
+
+        f = Fields(run_file_from_2(f), where, fix)
+    f.known(_RUN_FILE_FIELDS)
+    spec = CaseSpec.from_fields(f.obj("spec"))
+    run = RunRecord.from_dict(f.obj("run").data, f"{where}.run", fix)  # "field 'run' is missing"
     _check_as_a_baseline_reads(run, where, fix)
     return spec, run
 
@@ -419,45 +391,3 @@ def _check_as_a_baseline_reads(run: RunRecord, where: str, fix: str) -> None:
             f"{where}: the run's settings.threads_per_rank is {str(threads)[:20]!r}, not a count of "
             f"threads (1-4096); {fix}"
         )
-
-
-def _schema2_run_file(f: Fields) -> tuple[CaseSpec, RunRecord]:
-    f.known(_SCHEMA2_RUN_FILE_FIELDS)
-    spec = CaseSpec.from_fields(f.obj("spec"))
-    step_s = f.samples("step_s")
-    peaks = f.byte_counts("peak_mem_bytes")
-    summary = StepSummary.of(step_s)
-    state = Fields(f.raw_dict("machine_state", optional=True), f"{f.where}.machine_state", f.fix)
-    anatomy = f.raw_dict("anatomy", optional=True)
-
-    def part(name: str) -> dict[str, Any]:
-        # each part an object, as schema 2 wrote it (a list there was a TypeError at the merge)
-        return read_object(state, name) if state.data.get(name) is not None else {}
-
-    host = {**part("foreign_load"), **({"slurm": part("slurm")} if "slurm" in state.data else {})}
-    run = RunRecord(
-        run_id="",
-        session=f.text("run_id", optional=True) or "",
-        summary=summary,
-        step_s=step_s,
-        samples_per_s=spec.global_batch / summary.median_s,
-        peak_mem_bytes=max(peaks),
-        rank_peak_mem_bytes=peaks,
-        mem_kind=f.string("mem_kind"),
-        warmup_steps=int(f.integer("warmup_steps", 0, 1_000_000) or 0),
-        steady=f.flag("steady", True),
-        device_name=f.string("device_name"),
-        runtime=f.versions("runtime"),
-        settings=f.scalars("settings"),
-        notes=read_texts(f, "notes") if f.data.get("notes") is not None else (),
-        quarantine=f.text("quarantine", optional=True),
-        wall_s=float(f.number("wall_s", optional=True) or 0.0),
-        phases_s=f.floats("phases_s", 0.0, 1e9),
-        anatomy=Anatomy.from_dict(anatomy, f"{f.where}.anatomy", f.fix) if anatomy else None,
-        process_runs_before=int(f.integer("process_runs_before", optional=True) or 0),
-        flops_per_step=float(f.number("flops_per_step", 0.0, 1e21, optional=True) or 0.0),
-        gpu=part("during_steps"),
-        gpu_whole_run=part("whole_run"),
-        host=host,
-    )
-    return spec, run
