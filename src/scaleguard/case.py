@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scaleguard.evidence.document import Fields
+from scaleguard.evidence.files import Fields
 from scaleguard.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 Mode = Literal["single", "dp", "ddp", "fsdp", "compile"]

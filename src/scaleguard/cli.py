@@ -25,7 +25,7 @@ from scaleguard import options
 from scaleguard.config import ConfigError, PerfConfig, check_output_path
 from scaleguard.evidence import baseline, benchmark_io
 from scaleguard.evidence.baseline import BaselineError
-from scaleguard.evidence.document import FileFormatError, content_id, inert
+from scaleguard.evidence.files import FileFormatError, content_id, inert
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Thresholds, Verdict, decide
 from scaleguard.history.database import HistoryError
@@ -419,7 +419,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.format == "bmf":
             key, doc = export.bmf(figures, args.session)
-            from scaleguard.evidence.document import atomic_write_text
+            from scaleguard.evidence.files import atomic_write_text
 
             atomic_write_text(args.out, export.bmf_text(doc))
             # stored text is inert on the terminal and quoted in a command a user may paste
@@ -429,7 +429,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         else:
             made = export.otava(figures)
             args.out.mkdir(parents=True, exist_ok=True)
-            from scaleguard.evidence.document import atomic_write_text
+            from scaleguard.evidence.files import atomic_write_text
 
             for name, text in made.files.items():
                 assert Path(name).name == name  # export.otava_file_name: never a path

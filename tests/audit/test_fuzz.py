@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from scaleguard.cli import main as cli_main
 from scaleguard.evidence import baseline
-from scaleguard.evidence.document import FileFormatError, read_document
+from scaleguard.evidence.files import FileFormatError, read_document
 from scaleguard.ranks import launcher, protocol, worker
 from tests.conftest import tiny_spec
 from tests.unit.test_ingest import write_run

@@ -17,7 +17,7 @@ import pytest
 
 from scaleguard.cli import main as cli_main
 from scaleguard.evidence import baseline
-from scaleguard.evidence.document import FileFormatError, read_document
+from scaleguard.evidence.files import FileFormatError, read_document
 from scaleguard.ranks import launcher, protocol, worker
 from scaleguard.schedule import ab, torchrun_entry
 from tests.unit.test_ingest import write_run
@@ -372,11 +372,11 @@ def test_hardware_key_refuses_non_positive_threads(capsys: pytest.CaptureFixture
 
 
 def test_the_reader_refuses_a_file_past_the_cap_after_reading_the_cap_plus_one(tmp_path: Path) -> None:
-    from scaleguard.evidence import document
+    from scaleguard.evidence import files
 
     big = tmp_path / "big.json"
     with big.open("wb") as fh:
-        fh.truncate(document.MAX_FILE_BYTES + 10)
+        fh.truncate(files.MAX_FILE_BYTES + 10)
     with pytest.raises(FileFormatError, match="limit"):
         read_document(big, "x", "fix")
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from scaleguard.evidence.anatomy import Anatomy, OpTime, explain, summary
-from scaleguard.evidence.document import FileFormatError
+from scaleguard.evidence.files import FileFormatError
 
 
 def anatomy(comm: float = 0.5, backward: float = 10.0, mm: float = 4.0) -> Anatomy:

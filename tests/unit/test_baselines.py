@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleguard.evidence import baseline, document
+from scaleguard.evidence import baseline, files
 from scaleguard.evidence.baseline import BaselineError, BaselineFile
 from scaleguard.schema import SCHEMA_VERSION
 from tests.unit.test_verdicts import case, runs_of
@@ -159,7 +159,7 @@ def test_bad_files_are_clear_errors_and_untouched(tmp_path: Path, damage, messag
 
 def test_a_huge_file_is_refused_before_it_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _file(tmp_path)
-    monkeypatch.setattr(document, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 1000)
     with pytest.raises(BaselineError, match="larger than the"):
         baseline.load(path)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scaleguard.cli import main as cli_main
-from scaleguard.evidence.document import atomic_write_json
+from scaleguard.evidence.files import atomic_write_json
 from scaleguard.evidence.records import RankResult
 from scaleguard.evidence.runs import RunRecord, run_file
 from scaleguard.schedule import torchrun_entry

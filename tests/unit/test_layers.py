@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "scaleguard.schema",
         "scaleguard.devices",
-        "scaleguard.evidence.document",
+        "scaleguard.evidence.files",
     ),  # leaves: the schema, the reader
     ("scaleguard.case",),  # what one case is
     ("scaleguard.machine",),  # the host: inventory, load, probe
@@ -175,7 +175,7 @@ def test_the_cycle_finder_finds_cycles(g: dict[str, set[str]], expected: list[li
 def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     # the rule itself: a module of the evidence layer importing the report is one
     assert layer_of("scaleguard.evidence.records") < layer_of("scaleguard.report.terminal")
-    assert layer_of("scaleguard.evidence.document") == 0
+    assert layer_of("scaleguard.evidence.files") == 0
 
 
 def test_the_evidence_layer_never_imports_torch() -> None:

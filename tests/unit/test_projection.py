@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from scaleguard.evidence.document import FileFormatError
+from scaleguard.evidence.files import FileFormatError
 from scaleguard.evidence.projection import ScalingInputs, expected_max, exposed_ms, project
 from tests.unit.test_verdicts import run
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaleguard.evidence.document import FileFormatError, atomic_write_json, read_document
+from scaleguard.evidence.files import FileFormatError, atomic_write_json, read_document
 from scaleguard.evidence.records import RankResult
 from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.stats import StepSummary, median_ci_halfwidth, run_shift, slowest_rank_steps

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scaleguard.evidence.document import FileFormatError
+from scaleguard.evidence.files import FileFormatError
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.upgrades import baseline_entry_from_1
 

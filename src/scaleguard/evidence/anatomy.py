@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scaleguard.evidence.document import MAX_STEP_S, Fields
+from scaleguard.evidence.files import MAX_STEP_S, Fields
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the boundaries of one phased step
 CATEGORIES = (*PHASES, "exposed communication")

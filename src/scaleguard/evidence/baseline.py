@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaleguard.evidence.document import Fields, FileFormatError, atomic_write_text, read_document
+from scaleguard.evidence.files import Fields, FileFormatError, atomic_write_text, read_document
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.machine.env import HostFingerprint, slug
 from scaleguard.schema import SCHEMA_VERSION

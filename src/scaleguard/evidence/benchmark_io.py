@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.document import Fields, FileFormatError, content_id, read_document
+from scaleguard.evidence.files import Fields, FileFormatError, content_id, read_document
 from scaleguard.evidence.projection import Projection
 from scaleguard.evidence.runs import CaseEvidence, RunRecord, config_of
 from scaleguard.evidence.upgrades import saved_case_from_1
@@ -209,7 +209,7 @@ def write_saved_run(path: Path, ledger: Any, machine_info: dict[str, Any], label
 
     from pytest_benchmark.stats import Stats
 
-    from scaleguard.evidence.document import atomic_write_json
+    from scaleguard.evidence.files import atomic_write_json
 
     benchmarks = []
     for case_id in ledger.completed:

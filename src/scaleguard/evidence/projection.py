@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaleguard.evidence.document import Fields
+from scaleguard.evidence.files import Fields
 
 MAX_PARAMS = 1_000_000  # parameters of one model: bounds what a stored record may hold
 PHASE_NAMES = ("data", "forward", "backward", "optimizer")

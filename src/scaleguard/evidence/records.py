@@ -2,7 +2,7 @@
 stopped), and where a run's wall time went (``phase_breakdown``). The parent folds a run's rank
 results into its one ``RunRecord`` (``evidence.runs``).
 
-Both are read through the one validating reader in ``document`` (their fields declare their
+Both are read through the one validating reader in ``files`` (their fields declare their
 readers); its names are imported from there, never through here (one import path each).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from scaleguard.evidence.document import (
+from scaleguard.evidence.files import (
     Fields,
     read_flag,
     read_floats,

@@ -16,7 +16,7 @@ import numpy as np
 
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.anatomy import Anatomy
-from scaleguard.evidence.document import (
+from scaleguard.evidence.files import (
     ID_PATTERN,
     MAX_ID_CHARS,
     Fields,

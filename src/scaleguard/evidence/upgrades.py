@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.document import Fields, content_id, read_object
+from scaleguard.evidence.files import Fields, content_id, read_object
 from scaleguard.evidence.stats import StepSummary
 
 # the fields of an entry (``CaseEvidence``) a schema-1 entry holds as they are now

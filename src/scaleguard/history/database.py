@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from scaleguard.evidence.document import ID_PATTERN as CASE_ID
-from scaleguard.evidence.document import MAX_STEP_S
+from scaleguard.evidence.files import ID_PATTERN as CASE_ID
+from scaleguard.evidence.files import MAX_STEP_S
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.history.changepoints import detect
@@ -681,7 +681,7 @@ def appendable(batches: Sequence[Batch], where: str, fleet: Fleet) -> list[tuple
     the file exit 2 (a 450-character device name in a derived key did). Pure: call it before the
     file is created, so a refused import leaves nothing behind."""
     from scaleguard.evidence.baseline import check_key
-    from scaleguard.evidence.document import FileFormatError
+    from scaleguard.evidence.files import FileFormatError
 
     rows = []
     for batch in batches:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.document import FileFormatError, read_document
+from scaleguard.evidence.files import FileFormatError, read_document
 from scaleguard.evidence.records import RankFailure, RankPhase, RankResult
 from scaleguard.machine import processes
 from scaleguard.ranks import faults, worker

@@ -32,7 +32,7 @@ from torch import nn
 
 from scaleguard.case import CaseSpec
 from scaleguard.evidence.anatomy import PHASES
-from scaleguard.evidence.document import atomic_write_json, atomic_write_text
+from scaleguard.evidence.files import atomic_write_json, atomic_write_text
 from scaleguard.evidence.records import RankFailure, RankPhase, RankResult
 from scaleguard.evidence.steady import WarmupPolicy
 from scaleguard.machine.env import cpu_model, runtime_versions

@@ -203,6 +203,6 @@ def write(
     settings: ThresholdSettings | None = None,
     series: Sequence[history.CaseSeries] | None = None,
 ) -> None:
-    from scaleguard.evidence.document import atomic_write_text
+    from scaleguard.evidence.files import atomic_write_text
 
     atomic_write_text(path, render(rows, settings=settings, series=series))

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from scaleguard.case import CaseSpec
 from scaleguard.evidence import anatomy, metrics, stragglers
-from scaleguard.evidence.document import inert
+from scaleguard.evidence.files import inert
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import Status, Verdict
 

@@ -29,7 +29,7 @@ from scipy import stats as sps
 
 from scaleguard.case import FAULT_ENV, CaseSpec
 from scaleguard.devices import defaults_for
-from scaleguard.evidence.document import ID_PATTERN
+from scaleguard.evidence.files import ID_PATTERN
 from scaleguard.evidence.ledger import Ledger
 from scaleguard.evidence.runs import RunRecord
 from scaleguard.evidence.verdict import Status, Thresholds, judge_shift

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scaleguard.schedule.preflight")
     parser.add_argument("--out", required=True, type=Path, help="the shared directory for <node>.json")
     args = parser.parse_args(argv)
-    from scaleguard.evidence.document import atomic_write_json
+    from scaleguard.evidence.files import atomic_write_json
 
     report = node_report()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +166,7 @@ class NodeReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], gres: str | None, where: str) -> NodeReport:
-        from scaleguard.evidence.document import Fields, inert
+        from scaleguard.evidence.files import Fields, inert
 
         # every text here was written on a node (its environment, its torch, its GPUs' names)
         # and reaches the terminal: made inert and bounded once, here

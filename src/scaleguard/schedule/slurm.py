@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleguard.case import CaseSpec
-from scaleguard.evidence.document import FileFormatError, atomic_write_json, inert, read_document
+from scaleguard.evidence.files import FileFormatError, atomic_write_json, inert, read_document
 from scaleguard.evidence.records import RankFailure
 from scaleguard.evidence.runs import RunRecord
 from scaleguard.machine import processes

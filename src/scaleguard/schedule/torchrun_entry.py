@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from scaleguard.case import MODES, CaseSpec
-from scaleguard.evidence.document import Fields, FileFormatError, atomic_write_json, read_document
+from scaleguard.evidence.files import Fields, FileFormatError, atomic_write_json, read_document
 from scaleguard.evidence.runs import RunRecord, read_run_file
 from scaleguard.machine.env import GpuInventory, gpu_inventory
 from scaleguard.ranks import worker

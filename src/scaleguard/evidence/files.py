@@ -1,4 +1,4 @@
-"""The leaf of every file scaleguard reads or writes: the one validating reader and atomic writes.
+"""Every file scaleguard reads or writes, at the leaf: the one validating reader and atomic writes.
 
 Every file kind (rank files, torchrun run records, Slurm job records, baselines, saved
 pytest-benchmark runs) goes through ``read_document`` and ``Fields``: bounded bytes and
