@@ -1,4 +1,6 @@
-"""Issue 22, the second bad-input audit: each row of its table, as it was reproduced.
+"""Hostile and careless inputs to the CLI's readers and writers: baselines, saved runs, torchrun
+records, rank files, locks, report paths, interpreters (found by the second bad-input audit,
+issue 22; each test is one finding as it was reproduced).
 
 The CLI's contract for every input: exit 0 (OK), 1 (REGRESSED) or 2 (bad input or usage), a
 sentence naming the file and the field, never a traceback, never a hang, memory bounded.
