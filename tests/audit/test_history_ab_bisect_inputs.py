@@ -1,11 +1,10 @@
 """Hostile and careless inputs to the history, its page, A/B, bisect and user workloads (found by
 the third bad-input audit, issue 29; each test is one finding as it was reproduced).
 
-The contract: a value stored
-in the history is inert in the page and in the terminal; no supported command loses a run or
-overwrites an input; every reader of the database and of an interpreter's probe is bounded and
-validating; read-only use needs no write access; a user-caused failure is exit 2 (CLI) or 4
-(suite) with a sentence naming the file or option.
+The contract: a value stored in the history is inert in the page and in the terminal; no
+supported command loses a run or overwrites an input; every reader of the database and of an
+interpreter's probe is bounded and validating; read-only use needs no write access; a
+user-caused failure is exit 2 (CLI) or 4 (suite) with a sentence naming the file or option.
 """
 
 from __future__ import annotations
