@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scaleguard.evidence.files import FileFormatError
-from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.evidence.runs import CaseEvidence, read_run_file
 from scaleguard.evidence.upgrades import baseline_entry_from_1
 
 SCHEMA1_ENTRY: dict[str, Any] = {
@@ -49,3 +51,11 @@ def test_an_upgraded_entry_meets_the_current_readers_checks(field: str, value: o
     bad = {**copy.deepcopy(SCHEMA1_ENTRY), field: value}
     with pytest.raises(FileFormatError, match=named):
         CaseEvidence.from_schema1(bad, "baseline b.json, case c", "fix")
+
+
+@pytest.mark.parametrize("anatomy", [{}, None])
+def test_a_schema2_record_without_an_anatomy_reads_as_a_run_without_one(anatomy: object) -> None:
+    data = json.loads((Path(__file__).parent / "data" / "torchrun-record-schema2.json").read_text())
+    data["anatomy"] = anatomy
+    _, run = read_run_file(data, "record r.json", "fix")
+    assert run.anatomy is None and run.session == data["run_id"] and run.peak_mem_bytes == 1001

@@ -98,9 +98,11 @@ def run_file_from_2(f: Fields) -> dict[str, Any]:
         return read_object(state, name) if state.data.get(name) is not None else {}
 
     host = {**part("foreign_load"), **({"slurm": part("slurm")} if "slurm" in state.data else {})}
+    same = _present(f.data, _SCHEMA2_SAME)
+    if not same.get("anatomy"):
+        same.pop("anatomy", None)  # schema 2 wrote {} for a run without one
     run = {
-        **_present(f.data, _SCHEMA2_SAME),
-        **({} if f.data.get("anatomy") else {"anatomy": None}),  # an empty anatomy is none
+        **same,
         "run_id": "",
         "session": f.text("run_id", optional=True) or "",
         "step_s": list(step_s),
