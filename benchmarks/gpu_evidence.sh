@@ -25,44 +25,28 @@ phase=$1; out=$2
 key=$(python -m scaleguard.cli hardware-key)
 base=baselines/$key.json
 echo "baseline file: $base"
-# the device-bound cases of a baseline file, as one -k expression
-cases() {
-  python - "$1" <<'PY'
-import json, statistics, sys
-data = json.load(open(sys.argv[1]))
-ids = []
-for cid, by_torch in sorted(data["cases"].items()):
-    shares = [
-        min(1.0, r["anatomy"]["device_busy_ms"] / (r["summary"]["median_s"] * 1e3))
-        for entry in by_torch.values() for r in entry["runs"]
-        if (r.get("anatomy") or {}).get("device_busy_ms")
-    ]
-    if shares and statistics.median(shares) >= 0.9:
-        ids.append(cid)
-print(" or ".join(f"[{c}]" for c in ids))
-PY
-}
 case $phase in
   record)
     sel=$3; repeats=$4
     if [ "${STRIP:-0}" = 1 ] && [ -f "$base" ]; then
+      # through the suite's own reader and atomic writer: the file is checked on the way in and out
       python - "$base" <<'PY'
-import json, sys
-path = sys.argv[1]
-data = json.load(open(path))
-dropped = 0
-for cid, by_torch in list(data["cases"].items()):
-    for tv, entry in list(by_torch.items()):
-        keep = [r for r in entry["runs"] if (r.get("anatomy") or {}).get("device_busy_ms")]
-        dropped += len(entry["runs"]) - len(keep)
+import sys
+from dataclasses import replace
+from pathlib import Path
+from scaleguard.evidence import baseline
+from scaleguard.evidence.files import atomic_write_text
+path = Path(sys.argv[1])
+loaded = baseline.load(path)
+cases, dropped = {}, 0
+for cid, by_torch in loaded.cases.items():
+    for tv, entry in by_torch.items():
+        keep = [r for r in entry.runs if r.anatomy is not None and r.anatomy.device_busy_ms is not None]
+        dropped += len(entry.runs) - len(keep)
         if keep:
-            entry["runs"] = keep
-        else:
-            del by_torch[tv]
-    if not by_torch:
-        del data["cases"][cid]
-json.dump(data, open(path, "w"), indent=2, sort_keys=True)
-print(f"stripped {dropped} runs without GPU busy time; {len(data['cases'])} cases left")
+            cases.setdefault(cid, {})[tv] = entry.with_runs(keep)
+atomic_write_text(path, replace(loaded, cases=cases).to_text())
+print(f"stripped {dropped} runs without GPU busy time; {len(cases)} cases left")
 PY
     fi
     if [ "$sel" = all ]; then groups=("resnet50" "not resnet50"); else groups=("$sel"); fi
@@ -105,7 +89,7 @@ PY
     shift 2
     faults=("$@"); [ ${#faults[@]} -eq 0 ] && faults=(none "slow,pct=1.5")
     judged=${BASE:-baselines}
-    sel=$(cases "$judged/$key.json")
+    sel=$(python benchmarks/kind_spread.py "$judged/$key.json" --cases)  # the verdict's own rule
     echo "device-bound cases: $sel"
     n=0
     for fault in "${faults[@]}"; do

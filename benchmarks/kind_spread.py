@@ -2,20 +2,23 @@
 
 A young baseline (one recording session) cannot know how far a case moves between sessions and
 machines; the verdict then assumes the kind's figure (``scaleguard.devices.KIND_SPREADS``). This
-script measures that figure from every case of a baseline file whose runs are device-bound (the
-GPU busy >= 90 % of the step in the runs' anatomy) and come from >= 2 sessions:
+script measures that figure from every case of a baseline file that the verdict itself calls
+device-bound (``CaseEvidence.gpu_busy_share() >= verdict.DEVICE_BOUND``) and whose counted runs
+come from >= 2 sessions:
 
 - per case, the mean log run median of each session, and their standard deviation;
 - pooled over cases (degrees of freedom summed), and its one-sided 90 % upper confidence bound
   (chi-square): the figure the table takes, so a few agreeing sessions do not promise too much.
 
-Usage: python benchmarks/kind_spread.py baselines/cuda-nvidia-h200-x1.json [--busy 0.9]
+The file is read by the suite's own validating reader (``baseline.load``).
+
+Usage: python benchmarks/kind_spread.py baselines/cuda-nvidia-h200-x1.json
+       python benchmarks/kind_spread.py FILE --cases   (the device-bound cases as one -k expression)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -23,19 +26,22 @@ from pathlib import Path
 
 from scipy import stats
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-def case_sessions(entry: dict, busy_min: float) -> dict[str, list[float]] | None:
-    """Session -> log run medians, or None when the runs are not device-bound."""
-    shares, by_session = [], {}
-    for run in entry["runs"]:
-        median = run["summary"]["median_s"]
-        busy = (run.get("anatomy") or {}).get("device_busy_ms")
-        if busy is not None:
-            shares.append(min(1.0, busy / (median * 1e3)))
-        by_session.setdefault(run["session"], []).append(math.log(median))
-    if not shares or statistics.median(shares) < busy_min:
-        return None
-    return by_session
+from scaleguard.evidence import baseline
+from scaleguard.evidence.runs import CaseEvidence
+from scaleguard.evidence.verdict import DEVICE_BOUND
+
+
+def device_bound(entries: dict[str, dict[str, CaseEvidence]]) -> list[tuple[str, str, CaseEvidence]]:
+    """(case, torch version, entry) of every entry the verdict treats as device-bound."""
+    out = []
+    for case_id, by_torch in sorted(entries.items()):
+        for torch_version, entry in sorted(by_torch.items()):
+            share = entry.gpu_busy_share()
+            if share is not None and share >= DEVICE_BOUND:
+                out.append((case_id, torch_version, entry))
+    return out
 
 
 def main() -> int:
@@ -43,21 +49,29 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("baseline", type=Path)
-    parser.add_argument("--busy", type=float, default=0.90)
+    parser.add_argument("--cases", action="store_true", help="the device-bound cases as a -k expression")
     args = parser.parse_args()
-    data = json.loads(args.baseline.read_text())
+    loaded = baseline.load(args.baseline)
+    if loaded is None:
+        print(f"no baseline file {args.baseline}", file=sys.stderr)
+        return 2
+    bound = device_bound(loaded.cases)
+    if args.cases:
+        print(" or ".join(f"[{case_id}]" for case_id in sorted({c for c, _, _ in bound})))
+        return 0
     ss, df, rows = 0.0, 0, []
-    for case_id, by_torch in sorted(data["cases"].items()):
-        for torch_version, entry in by_torch.items():
-            sessions = case_sessions(entry, args.busy)
-            if sessions is None or len(sessions) < 2:
-                continue
-            means = [statistics.fmean(v) for v in sessions.values()]
-            sd = statistics.stdev(means)
-            ss += sd**2 * (len(means) - 1)
-            df += len(means) - 1
-            spread = max(means) - min(means)
-            rows.append((case_id, torch_version, len(sessions), len(entry["runs"]), sd, math.expm1(spread)))
+    for case_id, torch_version, entry in bound:
+        by_session: dict[str, list[float]] = {}
+        for run in entry.evidence:
+            by_session.setdefault(run.session, []).append(math.log(run.median_s))
+        if len(by_session) < 2:
+            continue
+        means = [statistics.fmean(v) for v in by_session.values()]
+        sd = statistics.stdev(means)
+        ss += sd**2 * (len(means) - 1)
+        df += len(means) - 1
+        span = math.expm1(max(means) - min(means))
+        rows.append((case_id, torch_version, len(means), len(entry.evidence), sd, span))
     if not rows:
         print("no device-bound case with runs from two sessions", file=sys.stderr)
         return 1
