@@ -51,7 +51,11 @@ def main() -> int:
     parser.add_argument("baseline", type=Path)
     parser.add_argument("--cases", action="store_true", help="the device-bound cases as a -k expression")
     args = parser.parse_args()
-    loaded = baseline.load(args.baseline)
+    try:
+        loaded = baseline.load(args.baseline)
+    except baseline.BaselineError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if loaded is None:
         print(f"no baseline file {args.baseline}", file=sys.stderr)
         return 2
