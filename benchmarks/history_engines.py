@@ -7,7 +7,8 @@ of ``--cases`` runs (rows made by ``appendable``, as a session makes them) and t
 fills both with ``--nights`` x ``--cases`` runs (a template row varied per night: the record
 column holds a real run) and times ``scaleguard history`` (the terminal view with change points)
 and ``scaleguard history --html`` over one case and over everything, each in a fresh process
-(its peak RSS from ``resource``). Prints a markdown table.
+(its peak RSS from ``resource``): all cases with an empty change-point memo, again with it, and
+after one more night (each case's last block searched again). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -57,22 +58,42 @@ def night_rows(cases: int, night: int) -> list[tuple[object, ...]]:
     return out
 
 
-def fill(target: str, nights_n: int, cases: int) -> None:
+def medians(nights_n: int, cases: int) -> np.ndarray:
+    """Each case's own nightly medians (nights x cases): 1.5 % noise from a seed of its own (no
+    two cases share a block, so the change-point memo saves nothing between them), one outlier
+    night in 200, a +5 % step halfway in every case and a +15 % step at a case's own night in
+    every fifth."""
+    import numpy as np
+
+    out = np.empty((nights_n, cases))
+    for c in range(cases):
+        rng = np.random.default_rng(1000 + c)
+        x = 0.1 * (1 + 0.015 * rng.standard_normal(nights_n))
+        x[rng.random(nights_n) < 0.005] *= 1.4
+        x[nights_n // 2 :] *= 1.05
+        if c % 5 == 0:
+            x[int(rng.integers(nights_n // 10, nights_n - 50)) :] *= 1.15
+        out[:, c] = x
+    return out
+
+
+def fill(target: str, nights_n: int, cases: int, first: int = 0) -> None:
     template = night_rows(1, 0)[0]
     cols = history._COLUMNS
     i_run, i_case, i_sess, i_time, i_med = (
         cols.index(n) for n in ("run_id", "case_id", "session", "recorded_at", "median_s")
     )
+    values = medians(first + nights_n, cases)
     with open_history(target_of(target)) as db:
         batch: list[tuple[object, ...]] = []
-        for n in range(nights_n):
+        for n in range(first, first + nights_n):
             for c in range(cases):
                 row = list(template)
                 row[i_run] = f"n{n:05d}-c{c:02d}"
                 row[i_case] = f"m{c:02d}-ddp-ws1-fp32-strong"
                 row[i_sess] = f"night{n:05d}"
                 row[i_time] = (START + datetime.timedelta(hours=n)).isoformat()
-                row[i_med] = 0.1 * (1.05 if n > nights_n // 2 else 1.0) * (1 + 0.002 * ((n * 7 + c) % 5))
+                row[i_med] = float(values[n, c])
                 batch.append(tuple(row))
             if len(batch) >= 20_000:
                 db.append_rows(batch)
@@ -81,9 +102,10 @@ def fill(target: str, nights_n: int, cases: int) -> None:
             db.append_rows(batch)
 
 
-def view(target: str, *args: str) -> tuple[float, float, int]:
+def view(target: str, memo_dir: Path, *args: str) -> tuple[float, float, int]:
     done = subprocess.run(
-        [sys.executable, "-c", VIEW, "history", "--history", target, "--last", "3", *args],
+        [sys.executable, "-c", VIEW, "history", "--history", target, "--last", "3",
+         "--spool-dir", str(memo_dir), *args],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env={"PYTHONPATH": f"{ROOT / 'src'}", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -106,9 +128,10 @@ def main() -> int:
         targets = {"SQLite": str(work / "h.sqlite"), "PostgreSQL": local_postgres.dsn(work / "pg")}
         print(
             f"| engine | append a night of {args.cases} runs | fill {args.nights} x {args.cases} | "
-            f"history, one case | history --html, one case | history, all | history --html, all |"
+            "history, one case | history --html, one case | history, all: no memo | all: memo | "
+            "all: one more night | history --html, all |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, target in targets.items():
             appends = []
             for n in range(5):
@@ -120,13 +143,27 @@ def main() -> int:
             t0 = time.perf_counter()
             fill(target, args.nights, args.cases)
             filled = time.perf_counter() - t0
+            memo = work / f"memo-{name}"  # empty: the first view of all searches every block
             cells = []
             page = str(work / f"{name}.html")
-            for extra in (["--case", "m07-*"], ["--case", "m07-*", "--html", page], [], ["--html", page]):
-                wall, rss, code = view(target, *extra)
+            views = (
+                ["--case", "m07-*"],
+                ["--case", "m07-*", "--html", page],
+                [],
+                [],
+                "append",
+                [],
+                ["--html", page],
+            )
+            for extra in views:
+                if extra == "append":  # the next night: each case's last block is new
+                    with open_history(target_of(target)) as db:
+                        db.append_rows(night_rows(args.cases, 10**6))
+                    continue
+                wall, rss, code = view(target, memo, *extra)
                 cells.append(f"{wall:.2f} s, {rss:.0f} MiB" + ("" if code == 0 else f" (exit {code})"))
             appended = f"{min(appends) * 1e3:.0f}-{max(appends) * 1e3:.0f} ms (5 nights)"
-            print(f"| {name} | {appended} | {filled:.0f} s | " + " | ".join(cells) + " |")
+            print(f"| {name} | {appended} | {filled:.0f} s | " + " | ".join(cells) + " |", flush=True)
     finally:
         local_postgres.stop(work / "pg")
         shutil.rmtree(work, ignore_errors=True)

@@ -339,26 +339,38 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.html is not None:
         check_output(args.html, "--html", (".html", ".htm"))
         check_not_input(args.html, "--html", [path] if isinstance(path, Path) else [])
+    from scaleguard.history.memo import ChangePointMemo
+
     with open_history(path, readonly=True) as db:
-        rows = db.rows(args.hardware_key, args.case, args.runner, args.project)
+        # every night of each case; the runs of the last year (or --last nights) read whole
+        reads = db.view(
+            args.hardware_key, args.case, args.runner, args.project, max(args.last, history.RECENT_NIGHTS)
+        )
         for note in db.notes:
             print(inert(f"scaleguard history: {note}"), file=sys.stderr)
-    series = history.analyse(rows, settings)  # each case's change points searched once
+    memo = ChangePointMemo(args.spool_dir)  # long series: their blocks' candidates kept between views
+    try:
+        series = history.analyse(reads, settings, memo)  # each case's change points searched once
+    finally:
+        memo.close()
+    if memo.note:
+        print(inert(f"scaleguard history: {memo.note}"), file=sys.stderr)
     if args.html is not None:
         from scaleguard.report import page as history_page
 
-        history_page.write(args.html, rows, settings, series)
-        print(f"scaleguard history: page written to {args.html} ({len(rows)} runs)")
+        shown = [r for one in series for r in one.rows]
+        history_page.write(args.html, shown, settings, series)
+        print(f"scaleguard history: page written to {args.html} ({sum(one.runs for one in series)} runs)")
     if not series:
         print(inert(f"scaleguard history {path}: no runs match"))
         return 0
     out = inert
     for one in series:
         key, case_id, case_rows, nights = one.hardware_key, one.case_id, one.rows, one.nights
-        runners = sorted({r.runner for r in case_rows if r.runner})
+        runners = one.runners
         more = " ..." if len(runners) > 8 else ""
         fleet = f", runners {', '.join(runners[:8])}{more}" if len(runners) > 1 else ""
-        print(out(f"{case_id}  ({key}, {len(nights)} nights, {len(case_rows)} runs{fleet})"))
+        print(out(f"{case_id}  ({key}, {len(nights)} nights, {one.runs} runs{fleet})"))
         for night in nights[-args.last :]:
             verdicts = sorted({r.verdict for r in case_rows if r.session == night.session and r.verdict})
             build = f"torch {night.torch}" + (f" ({night.torch_git[:10]})" if night.torch_git else "")
@@ -557,7 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options.add_cli_options(hist, "history")
     hist.add_argument("--runner", help=MATCH_HELP.format(what="runners (hosts)"))
-    hist.add_argument("--spool-dir", type=Path, default=Path(".scaleguard"), help="send: where the spool is")
+    hist.add_argument(
+        "--spool-dir", type=Path, default=Path(".scaleguard"),
+        help="send: where the spool is; a view keeps its change-point memo there",
+    )  # fmt: skip
     hist.add_argument("--case", default="*", help=MATCH_HELP.format(what="case ids"))
     hist.add_argument("--hardware-key", help=MATCH_HELP.format(what="hardware keys"))
     hist.add_argument("--last", type=int, default=10, help="nights shown per case (default 10)")

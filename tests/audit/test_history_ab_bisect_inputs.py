@@ -535,8 +535,21 @@ def test_a_view_past_the_row_bound_is_refused_with_how_to_narrow_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = _valid(tmp_path / "h.sqlite")
-    monkeypatch.setattr(history, "MAX_ROWS", 3)
+    monkeypatch.setattr(history, "MAX_VIEW_RUNS", 3)  # the view's bound (it reads nights from the index)
     _exit2(capsys, "history", "--history", str(db), needle="narrow it with --case")
+    monkeypatch.setattr(history, "MAX_VIEW_RUNS", 10**6)
+    monkeypatch.setattr(history, "MAX_ROWS", 3)  # an export reads every run whole
+    _exit2(
+        capsys,
+        "export",
+        "--format",
+        "bmf",
+        "--history",
+        str(db),
+        "--out",
+        str(tmp_path / "e.json"),
+        needle="narrow it with --case",
+    )
     _exit2(capsys, "history", "--history", str(db), "--last", "-2", needle="--last takes a positive")
 
 

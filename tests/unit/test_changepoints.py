@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scaleguard.history import changepoints as cp
 from scaleguard.history import database as history
 from scaleguard.history.changepoints import SeriesError, detect
 
@@ -232,3 +233,94 @@ def test_a_child_segment_searched_with_its_parents_costs_splits_where_a_fresh_se
         assert _search(left, 3, ahead=ahead[:at])[:2] == _search(left, 3)[:2]
     if right.size >= 6:
         assert _search(right, 3, behind=behind[at:])[:2] == _search(right, 3)[:2]
+
+
+# years of nights: the block search and its memo (issue 39, item 9) ------------------------------
+class DictMemo:
+    """``changepoints.Memo`` in a dict, counting what it was asked."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, list[int]] = {}
+        self.hits = 0
+
+    def get(self, digest: str) -> list[int] | None:
+        found = self.kept.get(digest)
+        self.hits += found is not None
+        return found
+
+    def put(self, digest: str, found: list[int]) -> None:
+        self.kept[digest] = list(found)
+
+
+def _long(n: int, steps: dict[int, float], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = 0.1 * np.exp(0.01 * rng.standard_normal(n))
+    for where, size in steps.items():
+        x[where:] *= 1 + size
+    return x
+
+
+@pytest.mark.parametrize("where", [cp.BLOCK - 1, cp.BLOCK, cp.BLOCK + cp.BLOCK_OVERLAP - 2,
+                                   cp.BLOCK + cp.BLOCK_OVERLAP + 1, 3 * cp.BLOCK + 5, 3990])  # fmt: skip
+def test_a_long_series_finds_a_step_wherever_it_falls_against_the_blocks(where: int) -> None:
+    x = _long(4000, {where: 0.10})  # 10 % on 1 % noise: far beyond any doubt
+    assert x.size > cp.LONG_SERIES
+    (step,) = detect(x, min_magnitude=0.03)
+    assert abs(step.index - where) <= 1 and step.change == pytest.approx(0.10, abs=0.01)
+    assert detect(_long(4000, {}), min_magnitude=0.03) == []
+
+
+def test_the_memo_changes_no_answer_and_spares_every_block_but_the_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = _long(6000, {1500: 0.08, 4200: -0.06}, seed=3)
+    searched = []
+    real = cp._candidates
+    monkeypatch.setattr(cp, "_candidates", lambda seg, m: searched.append(seg.size) or real(seg, m))
+    memo = DictMemo()
+    cold = detect(x, min_magnitude=0.03, memo=memo)
+    assert [s.index for s in cold] == [1500, 4200]
+    blocks = len(searched)
+    assert blocks == len(memo.kept) >= 6000 // cp.BLOCK
+    searched.clear()
+    assert detect(x, min_magnitude=0.03, memo=memo) == cold and searched == []  # every block remembered
+    assert detect(x, min_magnitude=0.03) == cold  # and the same without a memo
+    longer = np.append(x, x[-1])  # the next night: the last block (and only it) is new
+    searched.clear()
+    assert [s.index for s in detect(longer, min_magnitude=0.03, memo=memo)] == [1500, 4200]
+    assert len(searched) == 1
+
+
+def test_a_memo_entry_that_does_not_fit_its_block_is_searched_again() -> None:
+    x = _long(3000, {2000: 0.10})
+    memo = DictMemo()
+    detect(x, min_magnitude=0.03, memo=memo)
+    for digest in memo.kept:
+        memo.kept[digest] = [10**9, -5]  # no writer of ours made this
+    assert [s.index for s in detect(x, min_magnitude=0.03, memo=memo)] == [2000]
+
+
+def test_the_memo_file_saves_work_across_views_and_a_broken_one_is_skipped(tmp_path: Path) -> None:
+    import os
+
+    from scaleguard.history.memo import ChangePointMemo
+
+    x = _long(3000, {2000: 0.10})
+    memo = ChangePointMemo(tmp_path / "m")
+    first = detect(x, min_magnitude=0.03, memo=memo)
+    memo.close()
+    assert memo.note is None and (tmp_path / "m" / "changepoint-memo.sqlite").is_file()
+    again = ChangePointMemo(tmp_path / "m")
+    assert detect(x, min_magnitude=0.03, memo=again) == first and again._used  # read back
+    again.close()
+    assert ChangePointMemo(tmp_path / "never").note is None and not (tmp_path / "never").exists()  # lazy
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "changepoint-memo.sqlite").write_bytes(b"not a database at all" * 100)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "fifo2").mkdir()
+    os.mkfifo(tmp_path / "fifo2" / "changepoint-memo.sqlite")
+    for broken in (tmp_path / "junk", tmp_path / "fifo2", tmp_path / "fifo"):  # junk, a FIFO, no directory
+        memo = ChangePointMemo(broken)
+        assert detect(x, min_magnitude=0.03, memo=memo) == first  # never a hang, never another answer
+        memo.close()
+        assert memo.note is not None and "skipped" in memo.note

@@ -201,3 +201,34 @@ def test_a_hostile_history_file_is_refused_at_import_and_nothing_is_written(
         history_target = str(tmp_path / "other.sqlite")
     assert cli_main(["history", "import", str(old), "--history", history_target]) == 2
     assert "of the wrong type or size" in capsys.readouterr().err
+
+
+def test_a_view_reads_every_night_from_the_index_and_the_last_nights_whole(
+    history_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with opened(history_target) as db:
+        db.append(nights([0.1] * 6), KEY, "suite", fleet=history.Fleet("r1", "p"))
+        db.append(nights([0.1] * 2, first=100), KEY, "suite", fleet=history.Fleet("r2", "p"))
+    with opened(history_target, readonly=True) as db:
+        (read,) = db.view(recent=3)
+    assert [n.session for n in read.nights][-3:] == ["night005", "night100", "night101"]
+    assert len(read.nights) == 8 and read.runs == 16 and read.runners == ("r1", "r2")
+    assert {r.session for r in read.recent} == {"night005", "night100", "night101"} and len(read.recent) == 6
+    monkeypatch.setattr(history, "RECENT_NIGHTS", 2)
+    monkeypatch.chdir(tmp_path)
+    page = tmp_path / "p.html"
+    assert cli_main(["history", "--history", history_target, "--last", "1", "--html", str(page)]) == 0
+    assert "(cpu-hist-1t, 8 nights, 16 runs, runners r1, r2)" in capsys.readouterr().out
+    assert "the last 2 nights of each case" in page.read_text()
+    # an old night's run, far outside the nights read whole, is still checked, and named
+    bad = "'x'" if history_target.endswith(".sqlite") else "'NaN'::double precision"
+    with opened(history_target) as db:
+        sql = f"UPDATE runs SET median_s = {bad} WHERE session = 'night001'"  # the test's own text
+        if history_target.endswith(".sqlite"):
+            db._db.execute(sql)  # type: ignore[attr-defined]
+        else:
+            with db._db.transaction():  # type: ignore[attr-defined]
+                db._db.execute(sql)  # type: ignore[attr-defined]
+    assert cli_main(["history", "--history", history_target]) == 2
+    err = capsys.readouterr().err
+    assert "has a median step of the wrong type or size" in err and "night001" in err

@@ -27,18 +27,20 @@ import stat
 import statistics
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from scaleguard.evidence.files import ID_PATTERN as CASE_ID
 from scaleguard.evidence.files import MAX_STEP_S
 from scaleguard.evidence.runs import CaseEvidence
 from scaleguard.evidence.verdict import ThresholdSettings
-from scaleguard.history.changepoints import detect
+from scaleguard.history.changepoints import Memo, detect
 
-SCHEMA = 3  # SQLite: PRAGMA user_version; PostgreSQL: table scaleguard_schema. Migrations below
+SCHEMA = 4  # SQLite: PRAGMA user_version; PostgreSQL: table scaleguard_schema. Migrations below
 LOCK_TIMEOUT_S = 60.0
 
 # every column but the run id, as schema 1 made them. Frozen: a new column is a new migration
@@ -85,6 +87,12 @@ _MIGRATIONS: dict[int, str] = {
     3: """
     ALTER TABLE runs ADD COLUMN runner TEXT;
     ALTER TABLE runs ADD COLUMN project TEXT;
+    """,
+    # a view reads every night of a case from this index alone (``SERIES_COLUMNS``): the table's
+    # rows carry each run's record (~2 KB), and 500,000 of them took 1.1 s to visit, 0.4 s here
+    4: """
+    CREATE INDEX IF NOT EXISTS runs_series ON runs
+        (hardware_key, case_id, recorded_at, run_id, session, median_s, quarantine, torch, torch_git, runner, project);
     """,
 }
 
@@ -143,6 +151,29 @@ _COLUMNS = (
 # a history is the runner's disk index; past this the terminal and the page would need gigabytes
 # (10^6 rows took 1.58 GB as row objects): narrow with --case / --hardware-key instead
 MAX_ROWS = 200_000
+# what a view reads of every run: the covering index ``runs_series`` holds these, so years of
+# nights are read without visiting the rows (each carries its ~2 KB record)
+SERIES_COLUMNS = (
+    "run_id",
+    "session",
+    "recorded_at",
+    "median_s",
+    "quarantine",
+    "torch",
+    "torch_git",
+    "runner",
+)
+# the query a view reads its recent runs whole with (``HistoryRow``'s fields, in its order)
+VIEWED = (
+    "run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, median_s, "
+    "efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, {device}, runner, project, {projected}"
+)
+_SQLITE_VIEWED = VIEWED.format(
+    device="json_extract(record, '$.case.config.device')",
+    projected="json_extract(record, '$.projection.efficiency')",
+)
+RECENT_NIGHTS = 365  # nights a view reads run by run (the page's markers and efficiency): a year
+MAX_VIEW_RUNS = 2_000_000  # 10,000 nights x 50 cases x 4 runs; memory measured in docs/measured.md
 _REBUILD = "move it aside (it is rebuilt with `scaleguard history import` from the saved runs)"
 
 
@@ -363,6 +394,42 @@ class History:
         with self._write() as db:
             db.executemany("DELETE FROM runs WHERE hardware_key = ? AND run_id = ?", keys)
 
+    def _chosen(
+        self, hardware_key: str | None, case_glob: str, runner: str | None, project: str | None, limit: int
+    ) -> tuple[list[tuple[str, str]], str, list[Any]]:
+        """The (key, case) pairs a view reads, the WHERE clause of one pair (its key and case
+        first, then the runner and project kept) and its further arguments. The patterns match
+        as ``matches`` says, the one rule of saved files and histories alike (SQLite's GLOB reads
+        ``[!t]`` otherwise than fnmatch), over the distinct (key, case, runner, project) kinds
+        (``choose``); then each chosen case's runs are read through the (key, case, time)
+        index: one case of 10,000 nights beside 49 others reads its own runs, not all 500,000."""
+        orphans = self._db.execute(
+            "SELECT count(*) FROM runs WHERE typeof(case_id) != 'text' OR typeof(hardware_key) != 'text'"
+        ).fetchone()[0]
+        if orphans:
+            raise HistoryError(
+                f"history {self.path}: {orphans} runs have no case id or hardware key (a file not "
+                f"written by scaleguard); {_REBUILD}"
+            )
+        kinds = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner, project FROM runs")
+        pairs, runners, projects = choose(kinds.fetchall(), hardware_key, case_glob, runner, project)
+        extra, extra_args = "", []
+        for column, kept in (("runner", runners), ("project", projects)):
+            if kept is not None:  # columns of ours; the values go in as parameters
+                extra += f" AND {column} IN ({', '.join('?' * len(kept))})"
+                extra_args += sorted(kept)
+        where = f"WHERE hardware_key = ? AND case_id = ?{extra}"
+        count = sum(
+            self._db.execute(f"SELECT count(*) FROM runs {where}", [*pair, *extra_args]).fetchone()[0]
+            for pair in pairs
+        )
+        if count > limit:
+            raise HistoryError(
+                f"history {self.path}: {count} runs match, more than the {limit} one view reads; "
+                "narrow it with --case GLOB and --hardware-key KEY"
+            )
+        return pairs, where, extra_args
+
     def rows(
         self,
         hardware_key: str | None = None,
@@ -370,49 +437,43 @@ class History:
         runner: str | None = None,
         project: str | None = None,
     ) -> list[HistoryRow]:
-        """The runs matching, validated field by field (a file edited by hand or by a hostile
-        tool): at most ``MAX_ROWS`` of them. The patterns match as ``matches`` says, the one rule
-        of saved files and histories alike (SQLite's GLOB reads ``[!t]`` otherwise than
-        fnmatch), over the distinct (key, case, runner, project) kinds (``choose``); then each
-        chosen case's runs are read through the (key, case, time) index: one case of 10,000
-        nights beside 49 others reads its own runs, not all 500,000."""
+        """Every run matching (``_chosen``), validated field by field (a file edited by hand or by
+        a hostile tool): at most ``MAX_ROWS`` of them (an export; a view reads ``view``)."""
         try:
-            orphans = self._db.execute(
-                "SELECT count(*) FROM runs WHERE typeof(case_id) != 'text' OR typeof(hardware_key) != 'text'"
-            ).fetchone()[0]
-            if orphans:
-                raise HistoryError(
-                    f"history {self.path}: {orphans} runs have no case id or hardware key (a file not "
-                    f"written by scaleguard); {_REBUILD}"
-                )
-            kinds = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner, project FROM runs")
-            pairs, runners, projects = choose(kinds.fetchall(), hardware_key, case_glob, runner, project)
-            extra, extra_args = "", []
-            for column, kept in (("runner", runners), ("project", projects)):
-                if kept is not None:  # columns of ours; the values go in as parameters
-                    extra += f" AND {column} IN ({', '.join('?' * len(kept))})"
-                    extra_args += sorted(kept)
-            where = f"WHERE hardware_key = ? AND case_id = ?{extra}"
-            count = sum(
-                self._db.execute(f"SELECT count(*) FROM runs {where}", [*pair, *extra_args]).fetchone()[0]
-                for pair in pairs
-            )
-            if count > MAX_ROWS:
-                raise HistoryError(
-                    f"history {self.path}: {count} runs match, more than the {MAX_ROWS} one view reads; "
-                    "narrow it with --case GLOB and --hardware-key KEY"
-                )
-            query = (
-                "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
-                "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
-                "json_extract(record, '$.case.config.device'), runner, project, "
-                f"json_extract(record, '$.projection.efficiency') FROM runs {where} "
-                "ORDER BY recorded_at, run_id"
-            )
+            pairs, where, extra_args = self._chosen(hardware_key, case_glob, runner, project, MAX_ROWS)
+            query = f"SELECT {_SQLITE_VIEWED} FROM runs {where} ORDER BY recorded_at, run_id"
             raw = [r for pair in pairs for r in self._db.execute(query, [*pair, *extra_args]).fetchall()]
         except sqlite3.Error as exc:
             raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
         return [_checked_row(str(self.path), r) for r in raw]
+
+    def view(
+        self,
+        hardware_key: str | None = None,
+        case_glob: str = "*",
+        runner: str | None = None,
+        project: str | None = None,
+        recent: int = RECENT_NIGHTS,
+    ) -> list[CaseRead]:
+        """What ``history`` and its page show (``read_cases``): every night of each case matching,
+        the last ``recent`` nights' runs whole."""
+        try:
+            pairs, where, extra = self._chosen(hardware_key, case_glob, runner, project, MAX_VIEW_RUNS)
+            db = self._db
+            series = f"SELECT {', '.join(SERIES_COLUMNS)} FROM runs {where} ORDER BY recorded_at, run_id"
+            since = (
+                f"SELECT {_SQLITE_VIEWED} FROM runs {where} AND recorded_at >= ? ORDER BY recorded_at, run_id"
+            )
+            one = f"SELECT {_SQLITE_VIEWED} FROM runs WHERE hardware_key = ? AND run_id = ?"
+            return read_cases(
+                str(self.path), pairs,
+                lambda pair: db.execute(series, [*pair, *extra]).fetchall(),
+                lambda pair, time: db.execute(since, [*pair, *extra, time]).fetchall(),
+                lambda pair, run_id: db.execute(one, (pair[0], run_id)).fetchone(),
+                recent,
+            )  # fmt: skip
+        except sqlite3.Error as exc:
+            raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
 
 
 def choose(
@@ -554,9 +615,9 @@ def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-@dataclass(frozen=True)
-class Night:
-    """One session's runs of a case: the unit of a series (the median of its run medians)."""
+class Night(NamedTuple):
+    """One session's runs of a case: the unit of a series (the median of its run medians). A
+    tuple, not a dataclass: a view of 10,000 nights x 50 cases makes 500,000 of them."""
 
     session: str
     recorded_at: str
@@ -587,6 +648,98 @@ def nightly(rows: Sequence[HistoryRow]) -> list[Night]:
 
 
 @dataclass(frozen=True)
+class CaseRead:
+    """What a view reads of one case on one hardware key: every night (from the index), how many
+    runs and which runners, and the runs of the last nights whole (``recent``)."""
+
+    hardware_key: str
+    case_id: str
+    nights: list[Night]
+    runs: int
+    runners: tuple[str, ...]
+    recent: list[HistoryRow]
+
+
+def _texts_fit(column: Sequence[Any], nullable: bool) -> bool:
+    """Every value a text of at most ``_TEXT_MAX`` characters (or None): ``_checked_row``'s rule,
+    at C speed over a whole column (a per-value loop cost 0.3 s a view)."""
+    kinds = set(map(type, column))
+    if not kinds <= ({str, type(None)} if nullable else {str}):
+        return False
+    return max(map(len, filter(None, column) if nullable else column), default=0) <= _TEXT_MAX
+
+
+def _steps_fit(column: Sequence[Any]) -> bool:
+    if not set(map(type, column)) <= {float, int}:  # a bool is neither
+        return False
+    values = np.asarray(column, dtype=np.float64)
+    return bool(np.isfinite(values).all() and (values > 0).all() and (values < MAX_STEP_S).all())
+
+
+def read_cases(
+    where: str,
+    pairs: Sequence[tuple[str, str]],
+    series_of: Callable[[tuple[str, str]], list[tuple[Any, ...]]],
+    rows_since: Callable[[tuple[str, str], str], list[tuple[Any, ...]]],
+    row_of: Callable[[tuple[str, str], Any], tuple[Any, ...] | None],
+    recent: int = RECENT_NIGHTS,
+    fix: str = _REBUILD,
+) -> list[CaseRead]:
+    """The view of ``pairs`` (hardware key, case), whichever engine: ``series_of`` gives a case's
+    ``SERIES_COLUMNS`` in time order, ``rows_since`` its runs recorded from a time on (``VIEWED``),
+    ``row_of`` one run whole by its id. Every value is checked by ``_checked_row``'s rules (the
+    columns as a whole; a column that fails names its first bad run through ``_checked_row``)."""
+    out = []
+    for pair in pairs:
+        if not CASE_ID.fullmatch(pair[1]):
+            raise HistoryError(
+                f"history {where}: a case id of the wrong type or size ({pair[1][:60]!r}); {fix}"
+            )
+        raw = series_of(pair)
+        if not raw:
+            continue
+        run_ids, sessions, times, medians, quarantines, torches, gits, runners = map(list, zip(*raw))
+        fits = (
+            _texts_fit(run_ids, False) and _texts_fit(sessions, False) and _texts_fit(times, False)
+            and _steps_fit(medians) and all(_texts_fit(c, True) for c in (quarantines, torches, gits, runners))
+        )  # fmt: skip
+        if not fits:
+            for run_id in run_ids:  # the first run a column check refuses, named by the one rule
+                stored = row_of(pair, run_id)
+                if stored is not None:
+                    _checked_row(where, stored, fix)
+            raise HistoryError(
+                f"history {where}: case {pair[1]!r} has a run of the wrong type or size; {fix}"
+            )
+        if len(set(sessions)) == len(sessions) and not any(quarantines):  # one run a night: most histories
+            nights = list(
+                map(Night._make, zip(sessions, times, map(float, medians), torches, gits, [1] * len(raw)))
+            )
+        else:
+            by_session: dict[str, list[int]] = {}
+            for i, (session, quarantine) in enumerate(zip(sessions, quarantines)):
+                if quarantine is None:
+                    by_session.setdefault(session, []).append(i)
+            nights = sorted(
+                (
+                    Night(session, min(times[i] for i in at), float(statistics.median(medians[i] for i in at)),
+                          torches[at[-1]], gits[at[-1]], len(at))
+                    for session, at in by_session.items()
+                ),
+                key=lambda n: n.recorded_at,
+            )  # fmt: skip
+        keep = {n.session for n in nights[-recent:]} if nights and recent > 0 else set()
+        since = min((n.recorded_at for n in nights[-recent:]), default=None) if keep else None
+        whole = [
+            _checked_row(where, r, fix)
+            for r in (rows_since(pair, since) if since is not None else [])
+            if r[5] in keep
+        ]
+        out.append(CaseRead(pair[0], pair[1], nights, len(raw), tuple(sorted(set(runners) - {None})), whole))
+    return out
+
+
+@dataclass(frozen=True)
 class ChangePoint:
     index: int  # the first night of the new level
     change: float  # relative change of the level (after / before - 1)
@@ -600,11 +753,13 @@ def change_points(
     max_pvalue: float = 0.001,
     min_magnitude: float = 0.02,
     min_size: int = 3,
+    memo: Memo | None = None,
 ) -> list[ChangePoint]:
     """Where the level of ``values`` (positive: step times) changed, in order
     (``scaleguard.history.changepoints.detect``; SeriesError, a ValueError, for a series it refuses)."""
     return [
-        ChangePoint(s.index, s.change, s.p_value) for s in detect(values, max_pvalue, min_magnitude, min_size)
+        ChangePoint(s.index, s.change, s.p_value)
+        for s in detect(values, max_pvalue, min_magnitude, min_size, memo=memo)
     ]
 
 
@@ -633,29 +788,51 @@ def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
 
 @dataclass(frozen=True)
 class CaseSeries:
-    """One case's runs on one hardware key, folded into nights, and the change points of that
-    series: computed once per view (the terminal and the page share it; a 10,000-night series
-    took about a second to search on the 2-core VM)."""
+    """One case's nights on one hardware key and the change points of that series: computed
+    once per view (the terminal and the page share it). ``rows``: the runs a view read whole
+    (the last ``RECENT_NIGHTS`` nights; all of them for rows given as rows); ``runs`` and
+    ``runners`` count every night's."""
 
     hardware_key: str
     case_id: str
     rows: list[HistoryRow]
     nights: list[Night]
     points: list[ChangePoint]
+    runs: int = 0
+    runners: tuple[str, ...] = ()
 
 
-def analyse(rows: Sequence[HistoryRow], settings: ThresholdSettings | None = None) -> list[CaseSeries]:
-    """Every (key, case) of ``rows``, in order, with its nights and change points (the smallest
-    change of level the case's own step threshold, ``min_magnitude_for``)."""
+def reads_of(rows: Sequence[HistoryRow]) -> list[CaseRead]:
+    """Rows already read whole, as a view's reads (every run recent)."""
     groups: dict[tuple[str, str], list[HistoryRow]] = {}
     for row in rows:
         groups.setdefault((row.hardware_key, row.case_id), []).append(row)
+    return [
+        CaseRead(key, case_id, nightly(case_rows), len(case_rows),
+                 tuple(sorted({r.runner for r in case_rows if r.runner})), case_rows)
+        for (key, case_id), case_rows in sorted(groups.items())
+    ]  # fmt: skip
+
+
+def analyse(
+    rows: Sequence[HistoryRow] | Sequence[CaseRead],
+    settings: ThresholdSettings | None = None,
+    memo: Memo | None = None,
+) -> list[CaseSeries]:
+    """Every (key, case) of ``rows`` (or of a view's reads), in order, with its nights and change
+    points (the smallest change of level the case's own step threshold, ``min_magnitude_for``;
+    ``memo``: a long series' blocks kept between views, ``scaleguard.history.memo``)."""
+    reads = [r for r in rows if isinstance(r, CaseRead)] or reads_of(
+        [r for r in rows if isinstance(r, HistoryRow)]
+    )
     out = []
-    for (key, case_id), case_rows in sorted(groups.items()):
-        nights = nightly(case_rows)
-        magnitude = min_magnitude_for(key, case_id, settings, device_of(case_rows))
+    for read in sorted(reads, key=lambda r: (r.hardware_key, r.case_id)):
+        magnitude = min_magnitude_for(read.hardware_key, read.case_id, settings, device_of(read.recent))
+        points = case_change_points(read.nights, min_magnitude=magnitude, memo=memo)
         out.append(
-            CaseSeries(key, case_id, case_rows, nights, case_change_points(nights, min_magnitude=magnitude))
+            CaseSeries(
+                read.hardware_key, read.case_id, read.recent, read.nights, points, read.runs, read.runners
+            )
         )
     return out
 

@@ -23,8 +23,13 @@ from scaleguard.history.database import (
     INSERT,
     LOCK_TIMEOUT_S,
     MAX_ROWS,
+    MAX_VIEW_RUNS,
+    RECENT_NIGHTS,
     SCHEMA,
+    SERIES_COLUMNS,
+    VIEWED,
     Batch,
+    CaseRead,
     Fleet,
     HistoryError,
     HistoryRow,
@@ -34,12 +39,17 @@ from scaleguard.history.database import (
     check_stored,
     choose,
     migration,
+    read_cases,
 )
 from scaleguard.history.target import ServerDsn
 
 CONNECT_TIMEOUT_S = 10
 _MIGRATION_LOCK = 0x5CA1E6A4D  # pg_advisory_xact_lock key: one migrating session at a time
 _FIX = "check the server, or give --history a file"
+_VIEWED = VIEWED.format(
+    device="record::jsonb #>> '{case,config,device}'",
+    projected="(record::jsonb #> '{projection,efficiency}')",
+)
 
 
 def _driver() -> Any:
@@ -207,6 +217,31 @@ class ServerHistory:
             check_stored(self.where, row, _FIX)
         return raw
 
+    def _chosen(
+        self, hardware_key: str | None, case_glob: str, runner: str | None, project: str | None, limit: int
+    ) -> tuple[list[tuple[str, str]], str, list[Any]]:
+        """As ``History._chosen``: the pairs, and the filter of the runner and project kept (a
+        clause to AND onto a pair's) with its arguments."""
+        kinds = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner, project FROM runs")
+        pairs, runners, projects = choose(kinds.fetchall(), hardware_key, case_glob, runner, project)
+        extra, args = "", []
+        for column, kept in (("runner", runners), ("project", projects)):
+            if kept is not None:  # a column name of ours, never the user's
+                extra += f" AND {column} = ANY(%s)"
+                args.append(sorted(kept))
+        if pairs:
+            count = self._db.execute(
+                "SELECT count(*) FROM runs WHERE (hardware_key, case_id) IN "
+                f"(SELECT * FROM unnest(%s::text[], %s::text[])){extra}",
+                [[k for k, _ in pairs], [c for _, c in pairs], *args],
+            ).fetchone()[0]
+            if count > limit:
+                raise HistoryError(
+                    f"history {self.where}: {count} runs match, more than the {limit} one view reads; "
+                    "narrow it with --case GLOB and --hardware-key KEY"
+                )
+        return pairs, extra, args
+
     def rows(
         self,
         hardware_key: str | None = None,
@@ -217,33 +252,44 @@ class ServerHistory:
         """As ``History.rows``: the patterns chosen over the distinct kinds (``choose``), then
         only the chosen runs are read, by value."""
         try:
-            kinds = self._db.execute("SELECT DISTINCT hardware_key, case_id, runner, project FROM runs")
-            pairs, runners, projects = choose(kinds.fetchall(), hardware_key, case_glob, runner, project)
+            pairs, extra, args = self._chosen(hardware_key, case_glob, runner, project, MAX_ROWS)
             if not pairs:
                 return []
-            keys, cases = [k for k, _ in pairs], [c for _, c in pairs]
-            where = "WHERE (hardware_key, case_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
-            args: list[Any] = [keys, cases]
-            for column, kept in (("runner", runners), ("project", projects)):
-                if kept is not None:  # a column name of ours, never the user's
-                    where += f" AND {column} = ANY(%s)"
-                    args.append(sorted(kept))
-            count = self._db.execute(f"SELECT count(*) FROM runs {where}", args).fetchone()[0]
-            if count > MAX_ROWS:
-                raise HistoryError(
-                    f"history {self.where}: {count} runs match, more than the {MAX_ROWS} one view reads; "
-                    "narrow it with --case GLOB and --hardware-key KEY"
-                )
             raw = self._db.execute(
-                "SELECT run_id, case_id, hardware_key, torch, torch_git, session, recorded_at, source, "
-                "median_s, efficiency, peak_mem_bytes, quarantine, verdict, samples_per_s, "
-                f"record::jsonb #>> '{{case,config,device}}', runner, project, "
-                f"(record::jsonb #> '{{projection,efficiency}}') FROM runs {where} "
+                f"SELECT {_VIEWED} FROM runs WHERE (hardware_key, case_id) IN "
+                f"(SELECT * FROM unnest(%s::text[], %s::text[])){extra} "
                 "ORDER BY hardware_key, case_id, recorded_at, run_id",
-                args,
+                [[k for k, _ in pairs], [c for _, c in pairs], *args],
             ).fetchall()
         except HistoryError:
             raise
         except self._errors as exc:
             raise self._failure("cannot be read", exc) from None
         return [_checked_row(self.where, r, _FIX) for r in raw]
+
+    def view(
+        self,
+        hardware_key: str | None = None,
+        case_glob: str = "*",
+        runner: str | None = None,
+        project: str | None = None,
+        recent: int = RECENT_NIGHTS,
+    ) -> list[CaseRead]:
+        """As ``History.view``, by the same ``read_cases``."""
+        try:
+            pairs, extra, args = self._chosen(hardware_key, case_glob, runner, project, MAX_VIEW_RUNS)
+            db, where = self._db, f"WHERE hardware_key = %s AND case_id = %s{extra}"
+            series = f"SELECT {', '.join(SERIES_COLUMNS)} FROM runs {where} ORDER BY recorded_at, run_id"
+            since = f"SELECT {_VIEWED} FROM runs {where} AND recorded_at >= %s ORDER BY recorded_at, run_id"
+            one = f"SELECT {_VIEWED} FROM runs WHERE hardware_key = %s AND run_id = %s"
+            return read_cases(
+                self.where, pairs,
+                lambda pair: db.execute(series, [*pair, *args]).fetchall(),
+                lambda pair, time: db.execute(since, [*pair, *args, time]).fetchall(),
+                lambda pair, run_id: db.execute(one, (pair[0], str(run_id))).fetchone(),
+                recent, _FIX,
+            )  # fmt: skip
+        except HistoryError:
+            raise
+        except self._errors as exc:
+            raise self._failure("cannot be read", exc) from None

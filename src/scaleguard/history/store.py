@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scaleguard.evidence.runs import CaseEvidence
-from scaleguard.history.database import LOCK_TIMEOUT_S, Fleet, History, HistoryError, HistoryRow
+from scaleguard.history.database import (
+    LOCK_TIMEOUT_S,
+    RECENT_NIGHTS,
+    CaseRead,
+    Fleet,
+    History,
+    HistoryError,
+    HistoryRow,
+)
 from scaleguard.history.target import HistoryTarget, ServerDsn
 
 
@@ -52,6 +60,15 @@ class Store(Protocol):
         runner: str | None = None,
         project: str | None = None,
     ) -> list[HistoryRow]: ...
+
+    def view(
+        self,
+        hardware_key: str | None = None,
+        case_glob: str = "*",
+        runner: str | None = None,
+        project: str | None = None,
+        recent: int = RECENT_NIGHTS,
+    ) -> list[CaseRead]: ...
 
     def close(self) -> None: ...
 

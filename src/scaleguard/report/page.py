@@ -136,6 +136,9 @@ def render(
             + "</div>"
         )
     sections.extend(_scaling_curves(rows))
+    if series is not None and any(one.runs > len(one.rows) for one in series):
+        sections.insert(0, f"<p class='note'>Runs, efficiency and scaling curves: the last {history.RECENT_NIGHTS} "
+                           "nights of each case; the nightly median line covers every night.</p>")  # fmt: skip
     filters = "".join(
         f'<label>{name} <select name="{name}"><option value="">all</option>'
         + "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in sorted(values) if v)
