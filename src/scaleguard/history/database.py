@@ -30,7 +30,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -170,7 +170,8 @@ VIEWED = (
 )
 _SQLITE_VIEWED = VIEWED.format(
     device="json_extract(record, '$.case.config.device')",
-    projected="json_extract(record, '$.projection.efficiency')",
+    # a projection is made for a multi-rank case only: a ws1 run's record is not parsed for it
+    projected="CASE WHEN world_size > 1 THEN json_extract(record, '$.projection.efficiency') END",
 )
 RECENT_NIGHTS = 365  # nights a view reads run by run (the page's markers and efficiency): a year
 MAX_VIEW_RUNS = 2_000_000  # 10,000 nights x 50 cases x 4 runs; memory measured in docs/measured.md
@@ -395,9 +396,15 @@ class History:
             db.executemany("DELETE FROM runs WHERE hardware_key = ? AND run_id = ?", keys)
 
     def _chosen(
-        self, hardware_key: str | None, case_glob: str, runner: str | None, project: str | None, limit: int
+        self,
+        hardware_key: str | None,
+        case_glob: str,
+        runner: str | None,
+        project: str | None,
+        limit: int | None,
     ) -> tuple[list[tuple[str, str]], str, list[Any]]:
-        """The (key, case) pairs a view reads, the WHERE clause of one pair (its key and case
+        """The (key, case) pairs a view reads (more than ``limit`` runs refused; None: the
+        reader counts as it reads), the WHERE clause of one pair (its key and case
         first, then the runner and project kept) and its further arguments. The patterns match
         as ``matches`` says, the one rule of saved files and histories alike (SQLite's GLOB reads
         ``[!t]`` otherwise than fnmatch), over the distinct (key, case, runner, project) kinds
@@ -419,11 +426,11 @@ class History:
                 extra += f" AND {column} IN ({', '.join('?' * len(kept))})"
                 extra_args += sorted(kept)
         where = f"WHERE hardware_key = ? AND case_id = ?{extra}"
-        count = sum(
+        count = 0 if limit is None else sum(
             self._db.execute(f"SELECT count(*) FROM runs {where}", [*pair, *extra_args]).fetchone()[0]
             for pair in pairs
-        )
-        if count > limit:
+        )  # fmt: skip
+        if limit is not None and count > limit:
             raise HistoryError(
                 f"history {self.path}: {count} runs match, more than the {limit} one view reads; "
                 "narrow it with --case GLOB and --hardware-key KEY"
@@ -458,7 +465,7 @@ class History:
         """What ``history`` and its page show (``read_cases``): every night of each case matching,
         the last ``recent`` nights' runs whole."""
         try:
-            pairs, where, extra = self._chosen(hardware_key, case_glob, runner, project, MAX_VIEW_RUNS)
+            pairs, where, extra = self._chosen(hardware_key, case_glob, runner, project, None)
             db = self._db
             series = f"SELECT {', '.join(SERIES_COLUMNS)} FROM runs {where} ORDER BY recorded_at, run_id"
             since = (
@@ -471,6 +478,7 @@ class History:
                 lambda pair, time: db.execute(since, [*pair, *extra, time]).fetchall(),
                 lambda pair, run_id: db.execute(one, (pair[0], run_id)).fetchone(),
                 recent,
+                limit=MAX_VIEW_RUNS,
             )  # fmt: skip
         except sqlite3.Error as exc:
             raise HistoryError(f"history {self.path}: cannot be read ({exc}); {_REBUILD}") from None
@@ -627,6 +635,56 @@ class Night(NamedTuple):
     runs: int
 
 
+class Nights(Sequence[Night]):
+    """A case's nights as columns, each ``Night`` made when asked for: a view of 10,000 nights x
+    50 cases read them from columns and made 500,000 tuples (0.4 s) that the search and the
+    page only read as two columns (``values``, ``times``)."""
+
+    __slots__ = ("sessions", "times", "values", "torches", "gits", "runs")
+
+    def __init__(
+        self,
+        sessions: list[str],
+        times: list[str],
+        values: list[float],
+        torches: list[str | None],
+        gits: list[str | None],
+        runs: list[int],
+    ) -> None:
+        self.sessions, self.times, self.values = sessions, times, values
+        self.torches, self.gits, self.runs = torches, gits, runs
+
+    @classmethod
+    def of(cls, nights: Sequence[Night]) -> Nights:
+        if not nights:
+            return cls([], [], [], [], [], [])
+        sessions, times, values, torches, gits, runs = map(list, zip(*nights))
+        return cls(sessions, times, values, torches, gits, runs)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, i: int) -> Night: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Night]: ...
+
+    def __getitem__(self, i: int | slice) -> Night | list[Night]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return Night(
+            self.sessions[i], self.times[i], self.values[i], self.torches[i], self.gits[i], self.runs[i]
+        )
+
+
+def columns_of(nights: Sequence[Night]) -> tuple[list[str], list[float]]:
+    """(times, values) of a case's nights, from the columns when it has them."""
+    if isinstance(nights, Nights):
+        return nights.times, nights.values
+    return [n.recorded_at for n in nights], [n.value for n in nights]
+
+
 def nightly(rows: Sequence[HistoryRow]) -> list[Night]:
     """Rows of one case and hardware, folded per session in time order (quarantined runs out)."""
     by_session: dict[str, list[HistoryRow]] = {}
@@ -654,7 +712,7 @@ class CaseRead:
 
     hardware_key: str
     case_id: str
-    nights: list[Night]
+    nights: Nights
     runs: int
     runners: tuple[str, ...]
     recent: list[HistoryRow]
@@ -684,12 +742,14 @@ def read_cases(
     row_of: Callable[[tuple[str, str], Any], tuple[Any, ...] | None],
     recent: int = RECENT_NIGHTS,
     fix: str = _REBUILD,
+    limit: int = MAX_VIEW_RUNS,
 ) -> list[CaseRead]:
     """The view of ``pairs`` (hardware key, case), whichever engine: ``series_of`` gives a case's
     ``SERIES_COLUMNS`` in time order, ``rows_since`` its runs recorded from a time on (``VIEWED``),
     ``row_of`` one run whole by its id. Every value is checked by ``_checked_row``'s rules (the
     columns as a whole; a column that fails names its first bad run through ``_checked_row``)."""
-    out = []
+    out: list[CaseRead] = []
+    total = 0
     for pair in pairs:
         if not CASE_ID.fullmatch(pair[1]):
             raise HistoryError(
@@ -698,6 +758,12 @@ def read_cases(
         raw = series_of(pair)
         if not raw:
             continue
+        total += len(raw)
+        if total > limit:  # counted as read, case by case (a count first cost a scan of the table)
+            raise HistoryError(
+                f"history {where}: more than the {limit} runs one view reads match; "
+                "narrow it with --case GLOB and --hardware-key KEY"
+            )
         run_ids, sessions, times, medians, quarantines, torches, gits, runners = map(list, zip(*raw))
         fits = (
             _texts_fit(run_ids, False) and _texts_fit(sessions, False) and _texts_fit(times, False)
@@ -712,24 +778,22 @@ def read_cases(
                 f"history {where}: case {pair[1]!r} has a run of the wrong type or size; {fix}"
             )
         if len(set(sessions)) == len(sessions) and not any(quarantines):  # one run a night: most histories
-            nights = list(
-                map(Night._make, zip(sessions, times, map(float, medians), torches, gits, [1] * len(raw)))
-            )
+            nights = Nights(sessions, times, list(map(float, medians)), torches, gits, [1] * len(raw))
         else:
             by_session: dict[str, list[int]] = {}
             for i, (session, quarantine) in enumerate(zip(sessions, quarantines)):
                 if quarantine is None:
                     by_session.setdefault(session, []).append(i)
-            nights = sorted(
+            nights = Nights.of(sorted(
                 (
                     Night(session, min(times[i] for i in at), float(statistics.median(medians[i] for i in at)),
                           torches[at[-1]], gits[at[-1]], len(at))
                     for session, at in by_session.items()
                 ),
                 key=lambda n: n.recorded_at,
-            )  # fmt: skip
-        keep = {n.session for n in nights[-recent:]} if nights and recent > 0 else set()
-        since = min((n.recorded_at for n in nights[-recent:]), default=None) if keep else None
+            ))  # fmt: skip
+        keep = set(nights.sessions[-recent:]) if nights and recent > 0 else set()
+        since = min(nights.times[-recent:]) if keep else None
         whole = [
             _checked_row(where, r, fix)
             for r in (rows_since(pair, since) if since is not None else [])
@@ -782,7 +846,7 @@ def device_of(rows: Sequence[HistoryRow]) -> str | None:
 
 def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
     """Change points of a case's nightly series, with the nights either side."""
-    points = change_points([n.value for n in nights], **kw)
+    points = change_points(columns_of(nights)[1], **kw)
     return [ChangePoint(c.index, c.change, c.p_value, nights[c.index - 1], nights[c.index]) for c in points]
 
 
@@ -796,7 +860,7 @@ class CaseSeries:
     hardware_key: str
     case_id: str
     rows: list[HistoryRow]
-    nights: list[Night]
+    nights: Sequence[Night]
     points: list[ChangePoint]
     runs: int = 0
     runners: tuple[str, ...] = ()
@@ -808,7 +872,7 @@ def reads_of(rows: Sequence[HistoryRow]) -> list[CaseRead]:
     for row in rows:
         groups.setdefault((row.hardware_key, row.case_id), []).append(row)
     return [
-        CaseRead(key, case_id, nightly(case_rows), len(case_rows),
+        CaseRead(key, case_id, Nights.of(nightly(case_rows)), len(case_rows),
                  tuple(sorted({r.runner for r in case_rows if r.runner})), case_rows)
         for (key, case_id), case_rows in sorted(groups.items())
     ]  # fmt: skip

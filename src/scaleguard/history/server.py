@@ -46,9 +46,10 @@ from scaleguard.history.target import ServerDsn
 CONNECT_TIMEOUT_S = 10
 _MIGRATION_LOCK = 0x5CA1E6A4D  # pg_advisory_xact_lock key: one migrating session at a time
 _FIX = "check the server, or give --history a file"
+# json, not jsonb: each record is parsed once per read, and building jsonb's tree cost more
 _VIEWED = VIEWED.format(
-    device="record::jsonb #>> '{case,config,device}'",
-    projected="(record::jsonb #> '{projection,efficiency}')",
+    device="record::json #>> '{case,config,device}'",
+    projected="CASE WHEN world_size > 1 THEN (record::json #> '{projection,efficiency}') END",
 )
 
 
@@ -218,7 +219,12 @@ class ServerHistory:
         return raw
 
     def _chosen(
-        self, hardware_key: str | None, case_glob: str, runner: str | None, project: str | None, limit: int
+        self,
+        hardware_key: str | None,
+        case_glob: str,
+        runner: str | None,
+        project: str | None,
+        limit: int | None,
     ) -> tuple[list[tuple[str, str]], str, list[Any]]:
         """As ``History._chosen``: the pairs, and the filter of the runner and project kept (a
         clause to AND onto a pair's) with its arguments."""
@@ -229,7 +235,7 @@ class ServerHistory:
             if kept is not None:  # a column name of ours, never the user's
                 extra += f" AND {column} = ANY(%s)"
                 args.append(sorted(kept))
-        if pairs:
+        if pairs and limit is not None:
             count = self._db.execute(
                 "SELECT count(*) FROM runs WHERE (hardware_key, case_id) IN "
                 f"(SELECT * FROM unnest(%s::text[], %s::text[])){extra}",
@@ -277,7 +283,7 @@ class ServerHistory:
     ) -> list[CaseRead]:
         """As ``History.view``, by the same ``read_cases``."""
         try:
-            pairs, extra, args = self._chosen(hardware_key, case_glob, runner, project, MAX_VIEW_RUNS)
+            pairs, extra, args = self._chosen(hardware_key, case_glob, runner, project, None)
             db, where = self._db, f"WHERE hardware_key = %s AND case_id = %s{extra}"
             series = f"SELECT {', '.join(SERIES_COLUMNS)} FROM runs {where} ORDER BY recorded_at, run_id"
             since = f"SELECT {_VIEWED} FROM runs {where} AND recorded_at >= %s ORDER BY recorded_at, run_id"
@@ -287,7 +293,7 @@ class ServerHistory:
                 lambda pair: db.execute(series, [*pair, *args]).fetchall(),
                 lambda pair, time: db.execute(since, [*pair, *args, time]).fetchall(),
                 lambda pair, run_id: db.execute(one, (pair[0], str(run_id))).fetchone(),
-                recent, _FIX,
+                recent, _FIX, MAX_VIEW_RUNS,
             )  # fmt: skip
         except HistoryError:
             raise
