@@ -3,6 +3,7 @@
     python benchmarks/efficiency_power.py spread --work /tmp/eff --sessions 10
     python benchmarks/efficiency_power.py power --work /tmp/eff --trials 10 --baseline-sessions 1
     python benchmarks/efficiency_power.py power --work /tmp/eff --trials 10 --baseline-sessions 2
+    python benchmarks/efficiency_power.py power --work /tmp/eff --baseline-sessions 2 --fault slow,rank=1,at=step,pct=21
 
 ``spread``: identical sessions of ``transformer_tiny`` ddp strong ws1+ws2 (gloo, 1 thread per
 rank, as the README's main command plans them on a laptop), each session's ws2 efficiency and
@@ -83,7 +84,7 @@ def power(args: argparse.Namespace) -> None:
         info = session(work, f"record{i}", baselines, "--perf-update-baselines", "--perf-repeats", "3")
         print(f"recorded session {i}: ws2 efficiency {info[CASE]['scaling_efficiency']:.3f}", flush=True)
     counts: dict[str, dict[str, int]] = {}
-    fault = f"slow,rank=1,at=backward,ms={args.straggler_ms}"
+    fault = args.fault or f"slow,rank=1,at=backward,ms={args.straggler_ms}"
     for label, injected in (("unmodified", None), ("straggler", fault)):
         for i in range(args.trials):
             info = session(work, f"{label}{i}", baselines, fault=injected)[CASE]
@@ -95,7 +96,9 @@ def power(args: argparse.Namespace) -> None:
                 + (f"\n    {info['_story'][:400]}" if info["_story"] else ""),
                 flush=True,
             )
-    print(f"baseline of {args.baseline_sessions} session(s) x 3 runs; ws2 verdicts: {json.dumps(counts)}")
+    print(
+        f"baseline of {args.baseline_sessions} session(s) x 3 runs; fault {fault}; ws2 verdicts: {json.dumps(counts)}"
+    )
 
 
 def main() -> None:
@@ -109,6 +112,10 @@ def main() -> None:
     two.add_argument("--trials", type=int, default=10)
     two.add_argument("--baseline-sessions", type=int, default=1)
     two.add_argument("--straggler-ms", type=float, default=5.0)
+    # a slowdown in proportion to rank 1's own step (``slow,rank=1,at=step,pct=21``) moves the
+    # efficiency by the same factor in every session (e -> e / 1.21: 15 points from 0.85), where
+    # a fixed number of milliseconds moved it 2-21 points as the step itself varied
+    two.add_argument("--fault", help="the injected fault instead of the straggler (SCALEGUARD_INJECT_FAULT)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     spread(args) if args.what == "spread" else power(args)
