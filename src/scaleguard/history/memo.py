@@ -50,14 +50,18 @@ class ChangePointMemo:
             ):  # a FIFO would block SQLite's first read; a link would write where it points
                 raise OSError("not a regular file")
             db = sqlite3.connect(self.path, timeout=LOCK_S, isolation_level=None)
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, _SCHEMA):
-                db.close()
-                raise sqlite3.DatabaseError(f"a memo of schema {version}, not {_SCHEMA}")
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS blocks (digest TEXT PRIMARY KEY, found TEXT NOT NULL, used REAL NOT NULL)"
-            )
-            db.execute(f"PRAGMA user_version = {_SCHEMA}")
+            try:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version not in (0, _SCHEMA):
+                    raise sqlite3.DatabaseError(f"a memo of schema {version}, not {_SCHEMA}")
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS blocks "
+                    "(digest TEXT PRIMARY KEY, found TEXT NOT NULL, used REAL NOT NULL)"
+                )
+                db.execute(f"PRAGMA user_version = {_SCHEMA}")
+            except sqlite3.Error:
+                db.close()  # a junk or foreign file: its handle closed, not left to the collector
+                raise
             self._db = db
         except (sqlite3.Error, OSError) as exc:
             self.note = f"change-point memo {self.path} skipped ({exc}); every block searched"
