@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,8 +79,33 @@ def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG_ENV, tag)
     yield tag
-    left = tagged_pids(tag)
+    left = lingering(tag)
     assert not left, f"processes left behind: {left}"
+
+
+# a process that was killed, or whose parent just exited (multiprocessing's resource tracker
+# of a pytest subprocess, a rank's group after SIGKILL), takes a moment to be gone; while
+# exiting, its cmdline already reads empty. An orphan lives on: seconds of grace hide none.
+EXIT_GRACE_S = 10.0
+
+
+def lingering(tag: str, within_s: float = EXIT_GRACE_S) -> list[str]:
+    """The tagged processes still alive after ``within_s``, each as 'pid (state) cmdline'."""
+    deadline = time.monotonic() + within_s
+    while (left := tagged_pids(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [_described(pid) for pid in left]
+
+
+def _described(pid: int) -> str:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = (
+            (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return f"{pid} (gone while described)"
+    return f"{pid} ({state}) {cmdline.strip()[:300] or '(no cmdline: exiting)'}"
 
 
 # A real PostgreSQL for the history tests (tools/local_postgres.py: initdb + pg_ctl as the

@@ -15,7 +15,7 @@ import pytest
 
 from scaleguard.cli import main as cli_main
 from scaleguard.ranks.faults import FAULT_ENV
-from tests.conftest import TAG_ENV, tagged_pids
+from tests.conftest import TAG_ENV, lingering, tagged_pids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -233,4 +233,4 @@ def test_ctrl_c_during_a_case_leaves_no_process_and_no_baseline(
     assert "interrupted: baselines not updated" in out.decode()
     # the sidecar lock file may exist (checked before measuring); no baseline was written
     assert not baselines.exists() or not [p for p in baselines.iterdir() if not p.name.endswith(".lock")]
-    assert not tagged_pids(process_tag)
+    assert not lingering(process_tag)
