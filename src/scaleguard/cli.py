@@ -18,6 +18,7 @@ import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -27,9 +28,12 @@ from scaleguard.evidence import baseline, benchmark_io
 from scaleguard.evidence.baseline import BaselineError
 from scaleguard.evidence.files import FileFormatError, content_id, inert
 from scaleguard.evidence.runs import CaseEvidence
-from scaleguard.evidence.verdict import Status, Thresholds, Verdict, decide
+from scaleguard.evidence.verdict import Status, Thresholds, ThresholdSettings, Verdict, decide
 from scaleguard.history.database import HistoryError
 from scaleguard.report import terminal as report
+
+if TYPE_CHECKING:
+    from scaleguard.history.target import HistoryTarget
 
 EXIT_REGRESSED, EXIT_BAD_INPUT = 1, 2
 
@@ -317,6 +321,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         with open_history(target) as db:
             added = db.append_rows(raw)  # one transaction: all files land, or none
         print(inert(f"scaleguard history: {added} new runs from {len(files)} files into {target}"))
+        if added:
+            _warm_change_points(target, config.thresholds, args.spool_dir)
         return 0
     if verb == "send":
         from scaleguard.history.store import send_spool, spool_path
@@ -339,22 +345,17 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.html is not None:
         check_output(args.html, "--html", (".html", ".htm"))
         check_not_input(args.html, "--html", [path] if isinstance(path, Path) else [])
-    from scaleguard.history.memo import ChangePointMemo
+    from scaleguard.history.memo import analysed
 
     with open_history(path, readonly=True) as db:
         # every night of each case; the runs of the last year (or --last nights) read whole
         reads = db.view(
             args.hardware_key, args.case, args.runner, args.project, max(args.last, history.RECENT_NIGHTS)
         )
-        for note in db.notes:
+        # each case's change points searched once; a long series' blocks kept between views
+        series, notes = analysed(db, reads, settings, args.spool_dir)
+        for note in [*db.notes, *notes]:
             print(inert(f"scaleguard history: {note}"), file=sys.stderr)
-    memo = ChangePointMemo(args.spool_dir)  # long series: their blocks' candidates kept between views
-    try:
-        series = history.analyse(reads, settings, memo)  # each case's change points searched once
-    finally:
-        memo.close()
-    if memo.note:
-        print(inert(f"scaleguard history: {memo.note}"), file=sys.stderr)
     if args.html is not None:
         from scaleguard.report import page as history_page
 
@@ -392,6 +393,26 @@ def cmd_history(args: argparse.Namespace) -> int:
                 f"[{before.session}]; {builds}"
             ))  # fmt: skip
     return 0
+
+
+def _warm_change_points(target: HistoryTarget, settings: ThresholdSettings, spool_dir: Path) -> None:
+    """After an import: every long series' whole blocks searched once and kept in the history,
+    so that no viewer's first view searches years of nights (a cache: a history too large for
+    one view, or a role that may not write, leaves it cold with one line)."""
+    from scaleguard.history import database as history
+    from scaleguard.history.changepoints import LONG_SERIES
+    from scaleguard.history.memo import analysed
+    from scaleguard.history.store import open_history
+
+    try:
+        with open_history(target) as db:
+            series, _ = analysed(db, db.view(), settings, spool_dir)
+    except history.HistoryError as exc:
+        print(inert(f"scaleguard history: change points not searched ahead ({exc})"), file=sys.stderr)
+        return
+    long = sum(len(one.nights) > LONG_SERIES for one in series)
+    if long:
+        print(f"scaleguard history: change points of {long} long series searched ahead for every viewer")
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -232,3 +232,110 @@ def test_a_view_reads_every_night_from_the_index_and_the_last_nights_whole(
     assert cli_main(["history", "--history", history_target]) == 2
     err = capsys.readouterr().err
     assert "has a median step of the wrong type or size" in err and "night001" in err
+
+
+# years of nights: the whole blocks' change-point candidates kept in the history itself -----------
+
+
+def _fill_long(target: str, values: list[float]) -> None:
+    """One case of ``len(values)`` nights, one run a night (a real run's row, varied per night)."""
+    import datetime
+
+    (row, _) = history.appendable(
+        [history.Batch(nights([0.1]), KEY, "suite")], target, history.Fleet("r", "p")
+    )
+    cols = history._COLUMNS
+    at = {name: cols.index(name) for name in ("run_id", "session", "recorded_at", "median_s")}
+    start = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+    rows = []
+    for n, value in enumerate(values):
+        fields = list(row)
+        fields[at["run_id"]], fields[at["session"]] = f"run{n:05d}", f"night{n:05d}"
+        fields[at["recorded_at"]] = (start + datetime.timedelta(hours=n)).isoformat()
+        fields[at["median_s"]] = value
+        rows.append(tuple(fields))
+    with opened(target) as db:
+        db.append_rows(rows)
+
+
+def _blocks_held(target: str) -> dict[str, str]:
+    with opened(target) as db:
+        cur = db._db.execute("SELECT digest, found FROM changepoint_blocks")  # type: ignore[attr-defined]
+        return dict(cur.fetchall())
+
+
+def test_a_history_keeps_whole_blocks_for_every_viewer_and_a_reader_or_a_forged_entry_changes_nothing(
+    history_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from scaleguard.history import changepoints as cp
+
+    n = cp.LONG_SERIES + 700  # blocks at 0, 512, ..., 2560: five whole, the last one growing
+    rng = np.random.default_rng(3)
+    values = (
+        0.1 * np.exp(0.01 * rng.standard_normal(n)) * np.where(np.arange(n) >= 1500, 1.15, 1.0)
+    ).tolist()
+    _fill_long(history_target, values)
+    whole = [d for d, is_whole in cp.block_keys(values) if is_whole]
+    assert len(whole) == 5 and len(cp.block_keys(values)) == 6
+
+    searched: list[int] = []
+    real = cp._candidates
+    monkeypatch.setattr(cp, "_candidates", lambda x, m: searched.append(x.size) or real(x, m))
+
+    def view(memo_dir: str, target: str = history_target) -> str:
+        searched.clear()
+        assert (
+            cli_main(["history", "--history", target, "--last", "1", "--spool-dir", str(tmp_path / memo_dir)])
+            == 0
+        )
+        out = capsys.readouterr().out
+        assert "[night01500]: +15.0%" in out
+        return out
+
+    reader = history_target
+    if not history_target.endswith(".sqlite"):  # a read-only role: views, gives the history nothing
+        from tools import local_postgres
+
+        reader = history_target.replace(
+            f"//sg:{local_postgres.PASSWORD}@", f"//sg_reader:{local_postgres.READER_PASSWORD}@"
+        )
+        first = view("reader", reader)
+        assert len(searched) == 6 and _blocks_held(history_target) == {}  # every block searched, nothing kept
+    first = view("first")  # the first view by a writer's role: every block searched, the whole ones kept
+    assert sorted(_blocks_held(history_target)) == sorted(whole)
+    assert view("fresh") == first and len(searched) == 1  # a fresh runner: only the growing block searched
+    assert view("fresh") == first and searched == []  # its own memo holds that one
+    if reader != history_target:
+        assert view("reader2", reader) == first and len(searched) == 1  # a reader finds them too
+
+    # a forged entry (no writer of ours made it): searched again, the answer unchanged, overwritten
+    with opened(history_target) as db:
+        sql = "UPDATE changepoint_blocks SET found = '[99999, -4]'"  # the test's own text
+        if history_target.endswith(".sqlite"):
+            db._db.execute(sql)  # type: ignore[attr-defined]
+        else:
+            with db._db.transaction():  # type: ignore[attr-defined]
+                db._db.execute(sql)  # type: ignore[attr-defined]
+    assert view("forged") == first and len(searched) == 6
+    assert view("forged2") == first and len(searched) == 1  # mended by that writer's view
+
+
+def test_an_import_searches_long_series_ahead_for_every_viewer(
+    history_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scaleguard.history import changepoints as cp
+
+    old = tmp_path / "runner.sqlite"
+    _fill_long(str(old), [0.1 * (1.2 if n >= 900 else 1.0) * (1 + 0.01 * (n % 7 - 3)) for n in range(2600)])
+    if history_target.endswith("h.sqlite"):
+        history_target = str(tmp_path / "into.sqlite")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["history", "import", str(old), "--history", history_target, "--spool-dir", "m"]) == 0
+    assert "change points of 1 long series searched ahead" in capsys.readouterr().out
+    searched: list[int] = []
+    real = cp._candidates
+    monkeypatch.setattr(cp, "_candidates", lambda x, m: searched.append(x.size) or real(x, m))
+    assert cli_main(["history", "--history", history_target, "--spool-dir", str(tmp_path / "viewer")]) == 0
+    assert "+20.0%" in capsys.readouterr().out and len(searched) == 1  # the growing block alone

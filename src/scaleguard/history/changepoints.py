@@ -31,7 +31,7 @@ Values are step times (positive, finite; compared as log ratios) unless ``scale=
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -116,18 +116,44 @@ CANDIDATE_P = 0.05
 BLOCK_VERSION = 1  # in every digest: a change to the block search makes every memo entry unfindable
 
 
-def _block_candidates(x: np.ndarray, min_size: int, trim: float, scale: str, memo: Memo | None) -> list[int]:
+def _blocks(x: np.ndarray, min_size: int, trim: float, scale: str) -> Iterator[tuple[int, np.ndarray, str]]:
+    """Each block of a long series: (its first night, its values, its memo key)."""
     import hashlib
 
-    found: set[int] = set()
     for start in range(0, x.size, BLOCK):
         end = min(x.size, start + BLOCK + BLOCK_OVERLAP)
         block = x[start:end]
         if block.size < 2 * min_size:
-            break
+            return
         digest = hashlib.sha256(
             f"{BLOCK_VERSION}|{min_size}|{trim!r}|{scale}|{CANDIDATE_P!r}|".encode() + block.tobytes()
         ).hexdigest()
+        yield start, block, digest
+        if end == x.size:
+            return
+
+
+def block_keys(
+    values: Sequence[float], min_size: int = 3, scale: str = "log", trim: float = 0.1
+) -> list[tuple[str, bool]]:
+    """The memo keys ``detect`` will ask for, with the same settings: one per block of a series
+    longer than ``LONG_SERIES`` (none for a shorter one), each with whether the block is whole
+    (all its nights in: once the series has grown past it, its key and candidates never
+    change, so it is worth keeping where every viewer finds it). A series ``detect`` would
+    refuse has none."""
+    try:
+        x = _checked(values, 0.5, 0.0, min_size, scale, trim)
+    except SeriesError:
+        return []
+    if x.size <= LONG_SERIES or _flat(x.max() - x.min(), x):
+        return []
+    blocks = _blocks(x, min_size, trim, scale)
+    return [(digest, block.size == BLOCK + BLOCK_OVERLAP) for _, block, digest in blocks]
+
+
+def _block_candidates(x: np.ndarray, min_size: int, trim: float, scale: str, memo: Memo | None) -> list[int]:
+    found: set[int] = set()
+    for start, block, digest in _blocks(x, min_size, trim, scale):
         kept = memo.get(digest) if memo is not None else None
         if kept is None or any(not (min_size <= k <= block.size - min_size) for k in kept):
             kept = []
@@ -137,8 +163,6 @@ def _block_candidates(x: np.ndarray, min_size: int, trim: float, scale: str, mem
             if memo is not None:
                 memo.put(digest, kept)
         found.update(start + k for k in kept)
-        if end == x.size:
-            break
     out: list[int] = []
     for k in sorted(found):  # two blocks' views of one step (their overlap): the first kept
         if min_size <= k <= x.size - min_size and (not out or k - out[-1] >= min_size):
