@@ -1,6 +1,7 @@
-"""How far the DDP projection lands from the measured scaling efficiency, over sessions.
+"""How far the DDP (or FSDP) projection lands from the measured scaling efficiency, over sessions.
 
-Runs SESSIONS sessions of the default DDP cases (`pytest perf/ -k ddp`, every case NEW against an
+Runs SESSIONS sessions of the default DDP cases (`pytest perf/ -k ddp`; with `--perf-modes fsdp`
+among the pytest arguments, the FSDP cases, `-k fsdp`), every case NEW against an
 empty baseline directory so no confirm runs are bought), reads each session's saved
 pytest-benchmark JSON, and prints per case and overall: projected vs measured efficiency, the
 error in points (median and worst), and the same errors had the projection assumed the other
@@ -26,6 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+def _mode(extra: list[str]) -> str:
+    """The mode measured: ddp, or the one ``--perf-modes`` names (e.g. fsdp)."""
+    if "--perf-modes" in extra and extra.index("--perf-modes") + 1 < len(extra):
+        return extra[extra.index("--perf-modes") + 1]
+    return "ddp"
+
+
 def run_sessions(count: int, out: Path, extra: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for index in range(count):
@@ -33,7 +41,7 @@ def run_sessions(count: int, out: Path, extra: list[str]) -> None:
         with tempfile.TemporaryDirectory() as empty:
             started = time.monotonic()
             proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "perf/", "-k", "ddp", "-q", "-p", "no:cacheprovider",
+                [sys.executable, "-m", "pytest", "perf/", "-k", _mode(extra), "-q", "-p", "no:cacheprovider",
                  "--perf-no-history", f"--perf-baselines={empty}", f"--benchmark-json={saved}", *extra],
                 cwd=ROOT, capture_output=True, text=True, timeout=1800,
             )  # fmt: skip

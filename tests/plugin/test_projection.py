@@ -1,5 +1,6 @@
-"""A DDP case's projection on real gloo ranks: world size 1 records its compute at the smaller
-batches, world size 2 its buckets and their all-reduce, and the table, the saved JSON and the
+"""A DDP (and FSDP) case's projection on real gloo ranks: world size 1 records its compute at the
+smaller batches, world size 2 its buckets and their all-reduce (FSDP: its units, their gathers and
+scatters, and a 2-sample step), and the table, the saved JSON and the
 baseline carry the projected efficiency beside the measured one. (Its accuracy is measured over
 sessions, benchmarks/projection_accuracy.py, never asserted: two shared cores are noisy.)"""
 
@@ -49,6 +50,35 @@ def test_ws2_is_projected_from_ws1_and_the_projection_is_shown_saved_and_recorde
         rows = {r.case_id: r for r in db.rows()}
     assert rows["transformer_tiny-ddp-ws2-fp32-strong"].projected == pytest.approx(projected["efficiency"])
     assert rows["transformer_tiny-ddp-ws1-fp32-strong"].projected is None
+
+
+def test_an_fsdp_case_is_projected_from_its_units_and_what_fsdp_pays_for_them(
+    suite: pytest.Pytester, tmp_path: Path, process_tag: str
+) -> None:
+    baselines, _ = this_machines_baseline(tmp_path)
+    saved = tmp_path / "bench.json"
+    args = [a if a != "ddp" else "fsdp" for a in ARGS]
+    result = suite.runpytest_subprocess(
+        *args, "--perf-threads-per-rank", "1", f"--perf-baselines={baselines}", f"--benchmark-json={saved}"
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.re_match_lines(
+        [
+            r"ws2 projected efficiency \d\.\d\d; measured \d\.\d\d \(from ws1: .* all-gathers and reduce-scatters"
+        ]
+    )
+    infos = {b["extra_info"]["case_id"]: b["extra_info"] for b in json.loads(saved.read_text())["benchmarks"]}
+    projected = infos["transformer_tiny-fsdp-ws2-fp32-strong"]["projection"]
+    assert projected["mode"] == "fsdp" and projected["buckets"] == 3  # the root and its two blocks
+    assert 0.0 < projected["efficiency"] < 2.0 and projected["overlap"] is False
+    ws1 = infos["transformer_tiny-fsdp-ws1-fp32-strong"]["runs"][0]["scaling"]
+    ws2 = infos["transformer_tiny-fsdp-ws2-fp32-strong"]["runs"][0]["scaling"]
+    # ws1: its compute at ws2's per-rank batch and at 2 samples; ws2: the same 2-sample step
+    # (what FSDP pays for its collectives), each unit's bytes and gathers, each timed alone
+    half = str(infos["transformer_tiny-fsdp-ws2-fp32-strong"]["per_rank_batch"])
+    assert {half, "2"} <= set(ws1["phase_ms_at"]) and "2" in ws2["phase_ms_at"]
+    assert [gathers for _, gathers in ws2["units"]] == [1, 2, 2]
+    assert len(ws2["gather_s"]) == len(ws2["scatter_s"]) == 3 and min(ws2["gather_s"]) > 0
 
 
 @pytest.mark.parametrize("gate", [False, True])

@@ -197,3 +197,99 @@ def test_ranks_that_time_share_a_hosts_cores_are_not_projected(placement: dict, 
     assert ledger.projection_withheld(spec.case_id) == said
     if said is not None:
         assert "time-share the 2 cores of box0" in said and ledger.projection(spec.case_id) is None
+
+
+# FSDP2: its units' gathers and scatters, and what FSDP pays for them ------------------------------
+
+
+def test_fsdp_units_gather_and_scatter_serially_on_cpu_and_pipelined_with_overlap() -> None:
+    from scaleguard.evidence.projection import fsdp_exposed_ms
+
+    units = ((1000, 1), (1000, 2), (1000, 2))  # the root (gathered once), two resharded blocks
+    gather, scatter = (0.002, 0.002, 0.002), (0.003, 0.003, 0.003)
+    # gloo on CPU: every gather (1 + 2 + 2) and every scatter (3) adds: 5 x 2 + 3 x 3 ms
+    assert fsdp_exposed_ms(30.0, 60.0, units, gather, scatter, overlap=False) == pytest.approx(19.0)
+    # with overlap, long compute: exposed are the forward's first gather, the backward's first
+    # (the last block, resharded after forward, gathered again before anything can prefetch it)
+    # and the root's scatter at the very end; the rest hide under compute
+    hidden = fsdp_exposed_ms(300.0, 600.0, units, gather, scatter, overlap=True)
+    assert hidden == pytest.approx(2.0 + 2.0 + 3.0)
+    # collectives far longer than the compute: nearly all of them exposed, never more than serial
+    slow = fsdp_exposed_ms(0.3, 0.6, units, (0.05,) * 3, (0.05,) * 3, overlap=True)
+    assert 0.9 * 400.0 <= slow <= 400.0
+    # no overlap ever beats overlap
+    for fwd, bwd in ((1.0, 2.0), (10.0, 20.0), (100.0, 200.0)):
+        assert fsdp_exposed_ms(fwd, bwd, units, gather, scatter, True) <= fsdp_exposed_ms(
+            fwd, bwd, units, gather, scatter, False
+        )
+
+
+def _fsdp(
+    phases: dict, at: dict, units: tuple = (), seconds: float = 0.001, ranks: tuple = ()
+) -> ScalingInputs:
+    n = len(units)
+    return ScalingInputs(
+        phase_ms=phases, phase_ms_at=at, units=units, gather_s=(seconds,) * n, scatter_s=(seconds,) * n,
+        rank_compute_ms=ranks,
+    )  # fmt: skip
+
+
+def test_an_fsdp_projection_charges_what_fsdp_pays_at_n_and_shards_the_optimizer() -> None:
+    half = {"data": 0.0, "forward": 15.0, "backward": 30.0, "optimizer": 10.0}
+    tiny = {"data": 0.0, "forward": 2.0, "backward": 3.0, "optimizer": 10.0}  # ws1 at 2 samples
+    tiny_n = {"data": 0.0, "forward": 6.0, "backward": 11.0, "optimizer": 5.0}  # N's at 2: +4, +8; opt halved
+    units = ((1000, 1), (2000, 2))
+    ws1 = [_with(_fsdp(PHASES, {32: half, 2: tiny}), 0.100, seed=i) for i in range(3)]
+    ws2 = [_with(_fsdp(half, {2: tiny_n}, units, seconds=0.0005), 0.075, seed=10 + i) for i in range(3)]
+    projected = project(ws1, ws2, 64, 32, 2, 64, 64, overlap=False)
+    assert projected is not None and projected.mode == "fsdp" and projected.buckets == 2
+    # compute at 32 with N's sharded optimizer (5, measured), collectives as paid: 4 + 8 ms
+    assert projected.compute_ms == pytest.approx(15.0 + 30.0 + 5.0, rel=1e-6)
+    assert projected.exposed_ms == pytest.approx(12.0) and projected.comm_ms == pytest.approx(12.0)
+    assert projected.efficiency == pytest.approx(100.0 / (2 * 62.0), rel=1e-6)
+    assert "of 2 FSDP units 12.0 ms as FSDP pays them (a small step at ws2 less ws1's)" in projected.describe(
+        0.7
+    )
+    # runs from before the probe (no small batch at N): the collectives alone, optimizer / N
+    older = [_with(_fsdp(half, {}, units, seconds=0.0005), 0.075, seed=20 + i) for i in range(3)]
+    alone = project(ws1, older, 64, 32, 2, 64, 64, overlap=False)
+    assert alone is not None and alone.compute_ms == pytest.approx(15.0 + 30.0 + 5.0, rel=1e-6)
+    assert alone.exposed_ms == pytest.approx((1 + 2) * 0.5 + 2 * 0.5)
+    # another unit layout in one of N's runs: not one model, no projection
+    mixed = [*ws2[:2], _with(_fsdp(half, {2: tiny_n}, ((1000, 1),)), 0.075, seed=30)]
+    assert project(ws1, mixed, 64, 32, 2, 64, 64, overlap=False) is None
+
+
+def test_fsdp_inputs_round_trip_and_bad_units_are_refused() -> None:
+    inputs = _fsdp(PHASES, {2: PHASES}, ((4096, 1), (8192, 2)), ranks=(10.0, 11.0))
+    assert ScalingInputs.from_dict(inputs.to_dict(), "x", "y") == inputs
+    for bad in (
+        {"phase_ms": PHASES, "units": [[10, 3]], "gather_s": [0.1], "scatter_s": [0.1]},  # gathered 3 times
+        {"phase_ms": PHASES, "units": [[0, 1]], "gather_s": [0.1], "scatter_s": [0.1]},  # no bytes
+        {"phase_ms": PHASES, "units": [[10, 1]], "gather_s": [], "scatter_s": [0.1]},  # a time missing
+        {"phase_ms": PHASES, "units": [[10, 1]], "gather_s": [0.1], "scatter_s": [-1.0]},
+        {"phase_ms": PHASES, "units": [[True, 1]], "gather_s": [0.1], "scatter_s": [0.1]},
+    ):
+        with pytest.raises(FileFormatError):
+            ScalingInputs.from_dict(bad, "run.scaling", "fix it")
+
+
+def test_an_fsdp_scaling_change_is_split_with_its_collectives() -> None:
+    from scaleguard.evidence.projection import explain
+
+    units = ((1000, 1), (2000, 2))
+
+    def runs(seconds: float, ranks: tuple, step_ms: float, seed: int) -> list:
+        inputs = _fsdp(
+            {"data": 0.0, "forward": 15.0, "backward": 30.0, "optimizer": 5.0}, {}, units, seconds, ranks
+        )
+        return [_with(inputs, step_ms / 1e3, seed=seed + i) for i in range(3)]
+
+    old = runs(0.001, (50.0, 50.0), 56.0, 0)
+    slower = explain(old, runs(0.011, (50.0, 50.0), 106.0, 10), overlap=False)  # 5 x 10 ms more
+    assert slower is not None and slower.named == "communication got slower"
+    assert slower.comm_ms == pytest.approx(50.0) and "all-gather/reduce-scatter alone" in slower.describe(
+        "step"
+    )
+    straggler = explain(old, runs(0.001, (50.0, 90.0), 96.0, 20), overlap=False)
+    assert straggler is not None and straggler.named == "a straggler" and straggler.straggler == (1, 40.0)

@@ -154,11 +154,11 @@ class Ledger:
         return float(math.exp(np.mean(np.log(rates))))
 
     def projection(self, case_id: str) -> Projection | None:
-        """What a DDP case of world size > 1 should do, from its group's ws1 runs of this session
+        """What a DDP or FSDP case of world size > 1 should do, from its group's ws1 runs of this session
         (``evidence.projection``); None without them, or for ranks sharing one GPU."""
         spec = self.specs[case_id]
         anchor = self.anchor(spec)
-        if anchor is None or spec.mode != "ddp" or spec.settings.shared_gpu:
+        if anchor is None or spec.mode not in ("ddp", "fsdp") or spec.settings.shared_gpu:
             return None
         if self.projection_withheld(case_id):
             return None
@@ -230,7 +230,7 @@ class Ledger:
             verdict,
             self.evidence(case_id),
             self.projection(case_id),
-            defaults_for(spec.device).projection_error,
+            defaults_for(spec.device).projection_error_of(spec.mode),
         )
         self.verdicts[case_id] = verdict
         return verdict

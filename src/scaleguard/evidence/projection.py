@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scaleguard.evidence.files import Fields
@@ -48,6 +48,22 @@ class ScalingInputs:
     buckets: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (bytes, parameter indices), in order
     bucket_s: tuple[float, ...] = ()  # each bucket's all-reduce alone, slowest rank, seconds
     rank_compute_ms: tuple[float, ...] = ()  # every rank's compute-only step (a straggler shows)
+    # FSDP2: its units in forward order, (bytes gathered, times a step gathers them), and each
+    # unit's all-gather and reduce-scatter alone at this world size, slowest rank, seconds
+    units: tuple[tuple[int, int], ...] = ()
+    gather_s: tuple[float, ...] = ()
+    scatter_s: tuple[float, ...] = ()
+
+    @property
+    def has_comm(self) -> bool:
+        """Measured at world size > 1: the collectives a projection needs."""
+        return bool(self.buckets or self.units)
+
+    def comm_layout(self) -> tuple[int, ...]:
+        """What must match for two runs' collectives to be compared one by one."""
+        if self.units:
+            return tuple(size for size, _ in self.units)
+        return tuple(size for size, _ in self.buckets)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase_ms": dict(self.phase_ms), "ready": list(self.ready)}
@@ -58,6 +74,9 @@ class ScalingInputs:
         if self.buckets:
             out["buckets"] = [[size, list(params)] for size, params in self.buckets]
             out["bucket_s"] = list(self.bucket_s)
+        if self.units:
+            out["units"] = [list(unit) for unit in self.units]
+            out["gather_s"], out["scatter_s"] = list(self.gather_s), list(self.scatter_s)
         return out
 
     @classmethod
@@ -97,6 +116,23 @@ class ScalingInputs:
             isinstance(s, (int, float)) and not isinstance(s, bool) and 0.0 <= s < 1e6 for s in seconds
         ):
             raise f.fail("bucket_s", "must hold one non-negative time per bucket")
+        units = []
+        for index, item in enumerate(f.items("units", optional=True)[:MAX_PARAMS]):
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+                or not 0 < item[0] < 2**50
+                or item[1] not in (1, 2)
+            ):
+                raise f.fail("units", f"entry {index} must be [bytes, times gathered (1 or 2)]")
+            units.append((item[0], item[1]))
+        timed = {name: f.items(name, optional=True) for name in ("gather_s", "scatter_s")}
+        for name, values in timed.items():
+            if len(values) != len(units) or not all(
+                isinstance(s, (int, float)) and not isinstance(s, bool) and 0.0 <= s < 1e6 for s in values
+            ):
+                raise f.fail(name, "must hold one non-negative time per unit")
         ranks = f.items("rank_compute_ms", optional=True)
         if len(ranks) > MAX_PARAMS or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x < 1e9 for x in ranks
@@ -109,6 +145,9 @@ class ScalingInputs:
             ready=tuple(float(x) for x in ready),
             buckets=tuple(buckets),
             bucket_s=tuple(float(s) for s in seconds),
+            units=tuple(units),
+            gather_s=tuple(float(s) for s in timed["gather_s"]),
+            scatter_s=tuple(float(s) for s in timed["scatter_s"]),
         )
 
 
@@ -128,6 +167,8 @@ class Projection:
     overlap: bool = True  # the all-reduce may hide under the backward (False: gloo on CPU)
     offset_ms: float = 0.0  # ws1's step beyond its compute-only phases (DDP's own work per step)
     jitter: float = 1.0  # the slowest of N ranks over one rank's median (ws1's step spread)
+    mode: str = "ddp"  # "fsdp": FSDP2's all-gathers and reduce-scatters per unit
+    paid: bool = False  # FSDP: the collectives as it pays them (a small step at N less ws1's)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,15 +184,28 @@ class Projection:
             "overlap": self.overlap,
             "offset_ms": round(self.offset_ms, 4),
             "jitter": round(self.jitter, 4),
+            "mode": self.mode,
+            "paid": self.paid,
         }
 
     def describe(self, measured: float | None) -> str:
         said = f"; measured {measured:.2f}" if measured is not None else ""
+        plural = "s" if self.buckets != 1 else ""
+        what = (
+            f"all-gathers and reduce-scatters of {self.buckets} FSDP unit{plural}"
+            if self.mode == "fsdp"
+            else f"all-reduce of {self.buckets} bucket{plural}"
+        )
+        how = (
+            f"{self.comm_ms:.1f} ms as FSDP pays them (a small step at ws{self.world_size} less ws1's)"
+            if self.paid
+            else f"{self.comm_ms:.1f} ms alone"
+        )
         return (
             f"ws{self.world_size} projected efficiency {self.efficiency:.2f}{said} (from ws1: compute "
-            f"{self.compute_ms:.1f} ms/step, backward {self.backward_ms:.1f}; all-reduce of {self.buckets} "
-            f"bucket{'s' if self.buckets != 1 else ''} {self.comm_ms:.1f} ms alone, {self.exposed_ms:.1f} ms "
-            f"of it projected exposed{'' if self.overlap else ': gloo on CPU shares the cores, no overlap'})"
+            f"{self.compute_ms:.1f} ms/step, backward {self.backward_ms:.1f}; {what} {how}, "
+            f"{self.exposed_ms:.1f} ms of it projected exposed"
+            f"{'' if self.overlap else ': gloo on CPU shares the cores, no overlap'})"
         )
 
 
@@ -166,6 +220,107 @@ def exposed_ms(backward_ms: float, ready: Sequence[float], seconds: Sequence[flo
     for fraction, s in zip(ready, seconds, strict=True):
         end = max(end, fraction * backward_ms) + s * 1e3
     return max(0.0, end - backward_ms)
+
+
+def fsdp_exposed_ms(
+    forward_ms: float,
+    backward_ms: float,
+    units: Sequence[tuple[int, int]],
+    gather_s: Sequence[float],
+    scatter_s: Sequence[float],
+    overlap: bool,
+) -> float:
+    """FSDP2's collectives beyond the compute. Without ``overlap`` (gloo on CPU) every unit's
+    all-gathers (two for a resharded unit: forward and backward; one for the root) and its
+    reduce-scatter add to the step. With it, one channel runs them in the order FSDP2 issues
+    them: the forward's all-gathers back to back (each unit computes once its parameters are in
+    and the unit before it is done), then in backward each unit's all-gather prefetched when the
+    unit after it starts its backward, and its reduce-scatter once its backward is done. A
+    unit's share of the forward and backward is its share of the bytes (the model has no
+    per-unit timing: a unit heavy in compute and light in parameters, or the reverse, moves it)."""
+    if not overlap:
+        return sum(g * a + r for (_, g), a, r in zip(units, gather_s, scatter_s, strict=True)) * 1e3
+    total = max(1, sum(size for size, _ in units))
+    share = [size / total for size, _ in units]
+    ag = [a * 1e3 for a in gather_s]
+    rs = [r * 1e3 for r in scatter_s]
+    channel = compute = 0.0
+    for i in range(len(units)):  # forward: gathers back to back from the step's start
+        channel += ag[i]
+        compute = max(compute, channel) + share[i] * forward_ms
+    order = list(reversed(range(len(units))))
+
+    def run(issued: float, ms: float) -> float:
+        nonlocal channel
+        channel = max(channel, issued) + ms
+        return channel
+
+    ready = {order[0]: run(compute, ag[order[0]]) if units[order[0]][1] == 2 else compute}
+    for k, i in enumerate(order):
+        start = max(compute, ready[i])
+        if k + 1 < len(order):  # the next unit's all-gather, prefetched as this one starts
+            nxt = order[k + 1]
+            ready[nxt] = run(start, ag[nxt]) if units[nxt][1] == 2 else start
+        compute = start + share[i] * backward_ms
+        run(compute, rs[i])
+    return max(0.0, max(compute, channel) - forward_ms - backward_ms)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One step's collectives as measured alone, the medians of several runs: DDP's buckets
+    (each all-reduce and when its last gradient is ready) or FSDP2's units."""
+
+    mode: str  # "ddp" or "fsdp"
+    seconds: tuple[float, ...]  # DDP: each bucket's all-reduce; FSDP: each unit's all-gather
+    fractions: tuple[float, ...] = ()  # DDP: each bucket's last gradient ready, of the backward
+    units: tuple[tuple[int, int], ...] = ()  # FSDP: (bytes, times gathered) per unit
+    scatter: tuple[float, ...] = ()  # FSDP: each unit's reduce-scatter
+
+    @classmethod
+    def of(cls, inputs: Sequence[ScalingInputs], ready: Sequence[float] | None = None) -> Comm:
+        first = inputs[0]
+        if first.units:
+            return cls(
+                "fsdp", _medians([s.gather_s for s in inputs]), units=first.units,
+                scatter=_medians([s.scatter_s for s in inputs]),
+            )  # fmt: skip
+        ready = _median_ready(inputs) if ready is None else ready
+        fractions = tuple(
+            max((ready[i] for i in params if i < len(ready)), default=1.0) for _, params in first.buckets
+        )
+        return cls("ddp", _medians([s.bucket_s for s in inputs]), fractions=fractions)
+
+    @property
+    def collective(self) -> str:
+        return "all-gather/reduce-scatter" if self.mode == "fsdp" else "all-reduce"
+
+    @property
+    def count(self) -> int:
+        return len(self.units) if self.mode == "fsdp" else len(self.seconds)
+
+    @property
+    def alone_ms(self) -> float:
+        """Every collective of a step back to back."""
+        if self.mode == "fsdp":
+            return (
+                sum(g * a + r for (_, g), a, r in zip(self.units, self.seconds, self.scatter, strict=True))
+                * 1e3
+            )
+        return sum(self.seconds) * 1e3
+
+    def exposed_ms(self, forward_ms: float, backward_ms: float, overlap: bool) -> float:
+        if self.mode == "fsdp":
+            return fsdp_exposed_ms(forward_ms, backward_ms, self.units, self.seconds, self.scatter, overlap)
+        return exposed_ms(backward_ms, self.fractions, self.seconds, overlap)
+
+    def with_costs_of(self, other: Comm) -> Comm:
+        """This layout and overlap with ``other``'s measured cost (the counterfactual's swap)."""
+        return replace(self, seconds=other.seconds, scatter=other.scatter)
+
+
+def _medians(columns: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    return tuple(statistics.median(col) for col in zip(*columns, strict=True))
 
 
 def expected_max(samples: Sequence[float], n: int) -> float:
@@ -187,8 +342,8 @@ def project(
     """The projection from ``ws1``'s runs (RunRecords of world size 1 of the group, this session)
     and ``wsn``'s (this case's runs); None when either lacks its inputs."""
     one = [r for r in ws1 if r.scaling is not None]
-    many = [r.scaling for r in wsn if r.scaling is not None and r.scaling.buckets]
-    if not one or not many or world_size < 2:
+    many = [r.scaling for r in wsn if r.scaling is not None and r.scaling.has_comm]
+    if not one or not many or world_size < 2 or len({s.comm_layout() for s in many}) != 1:
         return None
     ws1_step_ms = math.exp(statistics.fmean(math.log(r.median_s) for r in ws1)) * 1e3
     inputs = [r.scaling for r in one]
@@ -204,23 +359,43 @@ def project(
         scaled = {n: phase[n] * (scale if n in BATCH_PHASES else 1.0) for n in PHASE_NAMES}
     else:
         scaled = {n: statistics.median(ms[n] for ms in at) for n in PHASE_NAMES}
+    fsdp = bool(many[0].units)
+    paid = _fsdp_paid(inputs, many) if fsdp and not overlap else None
+    if paid is not None:  # each rank steps the optimizer over its shard alone: measured at N
+        scaled["optimizer"] = paid[1]
+    elif fsdp:
+        scaled["optimizer"] /= world_size
     compute = max(1e-6, sum(scaled.values()) + offset)
     # each rank jitters as world size 1's steps did; the step waits for the slowest
     jitter = expected_max([x for r in one for x in r.step_s], world_size)
     compute *= jitter
     backward = scaled["backward"]
-    layout = many[0].buckets
-    ready = _median_ready(inputs)
-    seconds = [statistics.median(col) for col in zip(*(s.bucket_s for s in many), strict=True)]
-    fractions = [max((ready[i] for i in params if i < len(ready)), default=1.0) for _, params in layout]
-    exposed = exposed_ms(backward, fractions, seconds, overlap)
+    comm = Comm.of(many, ready=None if fsdp else _median_ready(inputs))  # DDP: ws1's gradient timing
+    exposed = comm.exposed_ms(scaled["forward"], backward, overlap) if paid is None else paid[0]
     step = compute + exposed
     efficiency = (wsn_global / step) / (ws1_global / ws1_step_ms * world_size)
     return Projection(
-        world_size=world_size, step_ms=step, efficiency=efficiency, compute_ms=compute,
-        backward_ms=backward, comm_ms=sum(seconds) * 1e3, exposed_ms=exposed, buckets=len(layout),
-        ws1_step_ms=ws1_step_ms, overlap=overlap, offset_ms=offset, jitter=jitter,
+        world_size=world_size, step_ms=step, efficiency=efficiency, compute_ms=compute, backward_ms=backward,
+        comm_ms=comm.alone_ms if paid is None else paid[0], exposed_ms=exposed, buckets=comm.count,
+        ws1_step_ms=ws1_step_ms, overlap=overlap, offset_ms=offset, jitter=jitter, mode=comm.mode,
+        paid=paid is not None,
     )  # fmt: skip
+
+
+def _fsdp_paid(ws1: Sequence[ScalingInputs], wsn: Sequence[ScalingInputs]) -> tuple[float, float] | None:
+    """(FSDP's collectives as it pays them at N, ms/step; the sharded optimizer at N, ms): a step
+    of almost no compute (the smallest batch both measured, ``ranks.overlap``) at N less the
+    same at world size 1, forward and backward. None where either lacks it (older runs).
+    On CPU gloo the collectives alone undercounted this 4-7 x (docs/measured.md): FSDP2 adds
+    copies, its reduce-scatter's chunking and an asynchronous wait per unit."""
+    shared = set.intersection(*(set(s.phase_ms_at) for s in [*ws1, *wsn]))
+    if not shared:
+        return None
+    probe = min(shared)
+    one = {n: statistics.median(s.phase_ms_at[probe][n] for s in ws1) for n in PHASE_NAMES}
+    many = {n: statistics.median(s.phase_ms_at[probe][n] for s in wsn) for n in PHASE_NAMES}
+    paid = max(0.0, many["forward"] - one["forward"]) + max(0.0, many["backward"] - one["backward"])
+    return paid, many["optimizer"]
 
 
 def _median_ready(inputs: Sequence[ScalingInputs]) -> list[float]:
@@ -240,7 +415,8 @@ class Cause:
     comm_ms: float  # the all-reduce's cost alone, swapped
     rest_ms: float  # what neither explains: overlap lost, waiting
     straggler: tuple[int, float] | None  # (rank, ms over the others' median) when one rank alone grew
-    comm_alone: tuple[float, float]  # the buckets' all-reduce alone, before and after (ms)
+    comm_alone: tuple[float, float]  # the step's collectives alone, before and after (ms)
+    collective: str = "all-reduce"  # what they are: DDP's all-reduce, FSDP's gathers and scatters
 
     @property
     def named(self) -> str | None:
@@ -267,7 +443,7 @@ class Cause:
         verdict = f"cause: {named}" if named else "no single cause explains more than half"
         return (
             f"{verdict} ({against} {self.gap_ms:+.1f} ms/step = compute {self.compute_ms:+.1f} (slowest "
-            f"rank){straggler} + all-reduce alone {self.comm_ms:+.1f} ({self.comm_alone[0]:.1f} -> "
+            f"rank){straggler} + {self.collective} alone {self.comm_ms:+.1f} ({self.comm_alone[0]:.1f} -> "
             f"{self.comm_alone[1]:.1f} ms) + the rest {self.rest_ms:+.1f}: overlap and waiting)"
         )
 
@@ -292,8 +468,8 @@ def _straggler(inputs: Sequence[ScalingInputs], d_compute: float) -> tuple[int, 
 
 
 def _side(runs: Sequence[Any]) -> tuple[list[ScalingInputs], float] | None:
-    inputs = [r.scaling for r in runs if r.scaling is not None and r.scaling.buckets]
-    if not inputs or len({len(s.bucket_s) for s in inputs}) != 1:
+    inputs = [r.scaling for r in runs if r.scaling is not None and r.scaling.has_comm]
+    if not inputs or len({s.comm_layout() for s in inputs}) != 1:
         return None
     return inputs, math.exp(statistics.fmean(math.log(r.median_s) for r in runs)) * 1e3
 
@@ -306,31 +482,29 @@ def explain(old: Sequence[Any], new: Sequence[Any], overlap: bool) -> Cause | No
     if a is None or b is None:
         return None
     (old_in, old_step), (new_in, new_step) = a, b
-    if len(old_in[0].bucket_s) != len(new_in[0].bucket_s):
-        return None  # another bucket layout: not the same model to swap inputs in
+    if old_in[0].comm_layout() != new_in[0].comm_layout():
+        return None  # another bucket or unit layout: not the same model to swap inputs in
 
-    def median_of(inputs: list[ScalingInputs]) -> tuple[float, float, list[float], list[float]]:
+    def median_of(inputs: list[ScalingInputs]) -> tuple[float, float, float, Comm]:
         compute = statistics.median(_slowest(s) for s in inputs)
+        forward = statistics.median(s.phase_ms["forward"] for s in inputs)
         backward = statistics.median(s.phase_ms["backward"] for s in inputs)
-        seconds = [statistics.median(col) for col in zip(*(s.bucket_s for s in inputs), strict=True)]
-        ready = _median_ready(inputs)
-        fractions = [max((ready[i] for i in p if i < len(ready)), default=1.0) for _, p in inputs[0].buckets]
-        return compute, backward, seconds, fractions
+        return compute, forward, backward, Comm.of(inputs)
 
-    c0, b0, m0, f0 = median_of(old_in)
-    c1, b1, m1, _ = median_of(new_in)
+    c0, w0, b0, m0 = median_of(old_in)
+    c1, w1, b1, m1 = median_of(new_in)
 
-    def model(compute: float, backward: float, seconds: list[float]) -> float:
-        return compute + exposed_ms(backward, f0, seconds, overlap)
+    def model(compute: float, forward: float, backward: float, comm: Comm) -> float:
+        return compute + comm.exposed_ms(forward, backward, overlap)
 
-    base = model(c0, b0, m0)
-    d_compute = model(c1, b1, m0) - base
-    d_comm = model(c0, b0, m1) - base
+    base = model(c0, w0, b0, m0)
+    d_compute = model(c1, w1, b1, m0) - base
+    d_comm = model(c0, w0, b0, m0.with_costs_of(m1)) - base
     gap = new_step - old_step
     straggler = _straggler(new_in, d_compute)
     return Cause(
         gap_ms=gap, compute_ms=d_compute, comm_ms=d_comm, rest_ms=gap - d_compute - d_comm,
-        straggler=straggler, comm_alone=(sum(m0) * 1e3, sum(m1) * 1e3),
+        straggler=straggler, comm_alone=(m0.alone_ms, m1.alone_ms), collective=m0.collective,
     )  # fmt: skip
 
 
@@ -344,13 +518,17 @@ def explain_projection(projection: Projection, new: Sequence[Any]) -> Cause | No
     inputs, step = side
     slowest = statistics.median(_slowest(s) for s in inputs)
     measured_compute = (slowest + projection.offset_ms) * projection.jitter
-    d_compute = measured_compute - projection.compute_ms
+    # an FSDP rank's phases hold its collectives (there is no all-reduce to skip): compared
+    # with the projected compute and collectives together
+    projected = projection.compute_ms + (projection.exposed_ms if projection.mode == "fsdp" else 0.0)
+    d_compute = measured_compute - projected
     gap = step - projection.step_ms
     straggler = _straggler(inputs, d_compute)
     comm = projection.comm_ms
     return Cause(
         gap_ms=gap, compute_ms=d_compute, comm_ms=0.0, rest_ms=gap - d_compute, straggler=straggler,
         comm_alone=(comm, comm),
+        collective="all-gather/reduce-scatter" if projection.mode == "fsdp" else "all-reduce",
     )  # fmt: skip
 
 

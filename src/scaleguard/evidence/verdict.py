@@ -568,16 +568,19 @@ BELOW_PROJECTION_POINTS = 0.05  # the least gap (points of efficiency) that is c
 
 
 def against_projection(
-    verdict: Verdict, new: CaseEvidence, projection: Projection | None, projection_error: float
+    verdict: Verdict, new: CaseEvidence, projection: Projection | None, projection_error: float | None
 ) -> Verdict:
     """A multi-rank case that no baseline faults (OK, NEW, IMPROVED) but whose measured
     efficiency stays below what its ws1 run projects, by more than max(5 points, 3 sigma of its
     runs' efficiencies, the projection's measured error on this device), is BELOW-PROJECTION:
     the case scales worse than its own compute and the measured collective allow. With one run
     its sigma is unknown: a gap beyond the other two terms calls it provisionally, and the
-    session's confirm runs settle it (``schedule.session``)."""
+    session's confirm runs settle it (``schedule.session``). A projection whose error on this
+    device is not measured (``projection_error`` None: FSDP on a GPU) is shown, never called."""
     effs = new.efficiencies()
-    if projection is None or not effs or verdict.status not in (Status.OK, Status.NEW, Status.IMPROVED):
+    if projection is None or projection_error is None or not effs:
+        return verdict
+    if verdict.status not in (Status.OK, Status.NEW, Status.IMPROVED):
         return verdict
     measured = statistics.fmean(effs)
     three_sigma = 3 * statistics.stdev(effs) if len(effs) >= 2 else 0.0

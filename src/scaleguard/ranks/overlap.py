@@ -1,4 +1,4 @@
-"""What a DDP run's scaling projection needs, measured in the rank after its measured steps.
+"""What a DDP or FSDP run's scaling projection needs, measured in the rank after its measured steps.
 
 Every DDP run of world size > 1, and world size 1 of a group whose larger world sizes run here
 (``RunSettings.projection_batches``: also at their per-rank batches), measures its per-rank
@@ -9,6 +9,9 @@ run of world size > 1 also reads DDP's buckets as it rebuilt them (their bytes a
 in the order it reduces them) and times an all-reduce of each bucket's size alone, with nothing
 computing beside it: the collective's cost at exactly the messages this model sends
 (``evidence.projection`` combines these with the world-size-1 run of the same session).
+An FSDP2 run has no gradient all-reduce to skip: its phases at world size 1 are its compute (the
+collectives of one rank are copies); at world size > 1 it reads its units (``fsdp_units``) and
+times each unit's all-gather and reduce-scatter alone.
 
 The cost is a few steps: ``PHASE_STEPS`` compute-only steps (per batch), one hooked step and, at
 world size > 1, ``PROBE_REPS`` all-reduces of the whole gradient, after the measured steps.
@@ -16,6 +19,7 @@ world size > 1, ``PROBE_REPS`` all-reduces of the whole gradient, after the meas
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -30,6 +34,7 @@ from scaleguard.ranks.profiling import PhasedStep
 
 PHASE_STEPS = 3
 PROBE_REPS = 3
+FSDP_PROBE_BATCH = 2  # samples per rank: BatchNorm in training needs 2
 
 
 def _clock(device: torch.device) -> Callable[[], Any]:
@@ -126,6 +131,68 @@ def allreduce_seconds(
     return tuple(round(float(t), 7) for t in slowest.tolist())
 
 
+def fsdp_units(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """FSDP2's units in forward order (the root first, then each ``fully_shard``ed block as
+    ``modules()`` meets it): (bytes of the parameters the unit gathers, how many times a step
+    gathers them: 1 for the root, which stays unsharded from forward to backward, 2 for the
+    others, resharded after forward and gathered again for backward); () for anything that is
+    not FSDP2. A unit's parameters are its own less those of the units inside it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        return ()
+    inner: dict[int, set[int]] = {}
+    for unit in units:
+        inner[id(unit)] = {
+            id(p) for sub in unit.modules() if sub is not unit and isinstance(sub, FSDPModule)
+            for p in sub.parameters()
+        }  # fmt: skip
+    out = []
+    for index, unit in enumerate(units):
+        own = [p for p in unit.parameters() if id(p) not in inner[id(unit)]]
+        size = sum(p.numel() * p.element_size() for p in own)
+        if size:
+            out.append((size, 1 if index == 0 else 2))
+    return tuple(out)
+
+
+def gather_scatter_seconds(
+    unit_bytes: tuple[int, ...], device: torch.device
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each unit's all-gather and reduce-scatter alone at this world size (fp32 buffers of its
+    size, padded to a multiple of the world as FSDP pads; median of ``PROBE_REPS``), the
+    slowest rank's: every rank must call it."""
+    world = dist.get_world_size()
+
+    def timed(op: Callable[[], Any]) -> float:
+        op()  # the first of a size sets up its algorithm: not timed
+        reps = []
+        for _ in range(PROBE_REPS):
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            op()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            reps.append(time.perf_counter() - started)
+        return statistics.median(reps)
+
+    gathers: list[float] = []
+    scatters: list[float] = []
+    for size in unit_bytes:
+        shard = max(1, -(-size // 4 // world))
+        piece = torch.zeros(shard, dtype=torch.float32, device=device)
+        whole = torch.zeros(shard * world, dtype=torch.float32, device=device)
+        gathers.append(timed(functools.partial(dist.all_gather_into_tensor, whole, piece)))
+        scatters.append(timed(functools.partial(dist.reduce_scatter_tensor, piece, whole)))
+    slowest = torch.tensor([*gathers, *scatters], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    both = [round(float(t), 7) for t in slowest.tolist()]
+    return tuple(both[: len(gathers)]), tuple(both[len(gathers) :])
+
+
 def _phase_ms(phased: PhasedStep, take: int | None = None) -> dict[str, float]:
     runs = [phased.phases(False, take) for _ in range(PHASE_STEPS)]
     return {name: round(statistics.median(r[name] for r in runs) * 1e3, 4) for name in runs[0]}
@@ -134,14 +201,28 @@ def _phase_ms(phased: PhasedStep, take: int | None = None) -> dict[str, float]:
 def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec, delay_s: float = 0.0) -> dict[str, Any]:
     """The projection's inputs of this rank (``evidence.projection.ScalingInputs``, as written)."""
     model = phased.model
-    out: dict[str, Any] = {
-        "phase_ms": _phase_ms(phased),
-        "ready": list(ready_fractions(phased.step, model, device)),
-    }
+    out: dict[str, Any] = {"phase_ms": _phase_ms(phased)}
+    if spec.mode == "ddp":  # FSDP's sharded parameters take no gradient hooks; its model needs none
+        out["ready"] = list(ready_fractions(phased.step, model, device))
     smaller = [b for b in spec.settings.batches_to_project() if b < spec.per_rank_batch]
-    if spec.world_size == 1 and smaller:
-        out["phase_ms_at"] = {str(b): _phase_ms(phased, b) for b in smaller}
-    if spec.world_size > 1:
+    at: dict[str, dict[str, float]] = {}
+    if spec.world_size == 1:
+        at.update({str(b): _phase_ms(phased, b) for b in smaller})
+    if spec.mode == "fsdp":
+        # a step of almost no compute, at world size 1 and at N: what N ranks' FSDP adds to it
+        # is its collectives as FSDP pays them (copy-in, gather, copy-out, the reduce-scatter's
+        # chunking and waits), which on CPU gloo came to 4-7 x the same collectives alone
+        probe = min(FSDP_PROBE_BATCH, spec.per_rank_batch)
+        at[str(probe)] = _phase_ms(phased, probe)
+    if at:
+        out["phase_ms_at"] = at
+    if spec.world_size > 1 and spec.mode == "fsdp":
+        units = fsdp_units(model)
+        if units:
+            gathers, scatters = gather_scatter_seconds(tuple(size for size, _ in units), device)
+            out["units"] = [list(unit) for unit in units]
+            out["gather_s"], out["scatter_s"] = list(gathers), list(scatters)
+    elif spec.world_size > 1:
         found = buckets(model)
         if found:
             out["buckets"] = [[size, list(params)] for size, params in found]

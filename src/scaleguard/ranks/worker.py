@@ -406,9 +406,8 @@ def _with_anatomy(
     is written first, marked lost; a rank that dies in the anatomy (the profiler is native code
     beside gloo's threads) leaves that file, and the parent keeps the run (``launcher``)."""
     projected = (
-        spec.mode == "ddp"
-        and phased is not None
-        and phased.can_skip_sync
+        phased is not None
+        and ((spec.mode == "ddp" and phased.can_skip_sync) or spec.mode == "fsdp")
         and (spec.world_size > 1 or bool(spec.settings.batches_to_project()))
     )
     if phased is None or (spec.settings.profile_steps <= 0 and not projected):

@@ -52,7 +52,7 @@ LEGEND = (
     "(its threshold, or k x the run-to-run spread where that is larger; * the spread assumed: "
     "a young baseline); spread: between runs; "
     "IQR: within the noisiest run; eff: scaling efficiency; proj: the efficiency projected from ws1's "
-    "compute and this world size's measured all-reduce (DDP)"
+    "compute and this world size's measured collectives (DDP's all-reduce, FSDP's gathers and scatters)"
 )
 
 

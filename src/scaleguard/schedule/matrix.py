@@ -187,18 +187,21 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
     return _with_projection_batches(planned)
 
 
+PROJECTED_MODES = ("ddp", "fsdp")  # modes ``evidence.projection`` models
+
+
 def _with_projection_batches(planned: list[PlannedCase]) -> list[PlannedCase]:
-    """World size 1 of each DDP group learns the per-rank batches of the group's larger world
-    sizes that can run here, to measure its compute at each for their projection; a group
+    """World size 1 of each DDP or FSDP group learns the per-rank batches of the group's larger
+    world sizes that can run here, to measure its compute at each for their projection; a group
     with none (a one-GPU night) measures nothing for it."""
     batches: dict[str, set[int]] = {}
     for p in planned:
-        if p.spec.mode == "ddp" and p.spec.world_size > 1 and p.skip_reason is None:
+        if p.spec.mode in PROJECTED_MODES and p.spec.world_size > 1 and p.skip_reason is None:
             batches.setdefault(p.spec.group_id, set()).add(p.spec.per_rank_batch)
     out = []
     for p in planned:
         wanted = batches.get(p.spec.group_id)
-        if p.spec.mode == "ddp" and p.spec.world_size == 1 and wanted:
+        if p.spec.mode in PROJECTED_MODES and p.spec.world_size == 1 and wanted:
             text = ",".join(str(b) for b in sorted(wanted, reverse=True))
             p = dataclasses.replace(
                 p,
