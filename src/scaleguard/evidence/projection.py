@@ -1,4 +1,5 @@
-"""What a DDP case at world size N should do, projected from the same session's world-size-1 run.
+"""What a DDP (or FSDP2) case at world size N should do, projected from the same session's
+world-size-1 run. FSDP2's units, their gathers and scatters: ``fsdp_exposed_ms``, ``_fsdp_paid``.
 
 The inputs (``ScalingInputs``, measured in every DDP run by ``ranks.overlap``):
 - from world size 1: the per-rank compute phase by phase (data, forward, backward, optimizer) and
