@@ -102,6 +102,32 @@ def buckets(model: nn.Module) -> tuple[tuple[int, tuple[int, ...]], ...]:
     return tuple(zip(byte_counts, params, strict=True))
 
 
+def _alone(op: Callable[[], Any], device: torch.device, delay_s: float = 0.0) -> float:
+    """One collective timed alone: the first call sets up its algorithm (not timed), then the
+    median of ``PROBE_REPS``, each after a barrier, the device drained around it."""
+    op()
+    reps = []
+    for _ in range(PROBE_REPS):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        if delay_s:
+            time.sleep(delay_s)
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        reps.append(time.perf_counter() - started)
+    return statistics.median(reps)
+
+
+def _slowest_rank(times: list[float], device: torch.device) -> list[float]:
+    """Every rank's times, the slowest rank's of each (every rank must call it)."""
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return [round(float(t), 7) for t in slowest.tolist()]
+
+
 def allreduce_seconds(
     bucket_bytes: tuple[int, ...], device: torch.device, delay_s: float = 0.0
 ) -> tuple[float, ...]:
@@ -111,24 +137,9 @@ def allreduce_seconds(
     times = []
     for size in bucket_bytes:
         buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-        dist.all_reduce(buffer)  # the first of a size sets up its algorithm: not timed
-        reps = []
-        for _ in range(PROBE_REPS):
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            if delay_s:
-                time.sleep(delay_s)
-            dist.all_reduce(buffer)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            reps.append(time.perf_counter() - started)
-        times.append(statistics.median(reps))
+        times.append(_alone(functools.partial(dist.all_reduce, buffer), device, delay_s))
         del buffer
-    slowest = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return tuple(round(float(t), 7) for t in slowest.tolist())
+    return tuple(_slowest_rank(times, device))
 
 
 def fsdp_units(model: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -164,32 +175,16 @@ def gather_scatter_seconds(
     size, padded to a multiple of the world as FSDP pads; median of ``PROBE_REPS``), the
     slowest rank's: every rank must call it."""
     world = dist.get_world_size()
-
-    def timed(op: Callable[[], Any]) -> float:
-        op()  # the first of a size sets up its algorithm: not timed
-        reps = []
-        for _ in range(PROBE_REPS):
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            op()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            reps.append(time.perf_counter() - started)
-        return statistics.median(reps)
-
     gathers: list[float] = []
     scatters: list[float] = []
     for size in unit_bytes:
         shard = max(1, -(-size // 4 // world))
         piece = torch.zeros(shard, dtype=torch.float32, device=device)
         whole = torch.zeros(shard * world, dtype=torch.float32, device=device)
-        gathers.append(timed(functools.partial(dist.all_gather_into_tensor, whole, piece)))
-        scatters.append(timed(functools.partial(dist.reduce_scatter_tensor, piece, whole)))
-    slowest = torch.tensor([*gathers, *scatters], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    both = [round(float(t), 7) for t in slowest.tolist()]
+        gathers.append(_alone(functools.partial(dist.all_gather_into_tensor, whole, piece), device))
+        scatters.append(_alone(functools.partial(dist.reduce_scatter_tensor, piece, whole), device))
+        del piece, whole
+    both = _slowest_rank([*gathers, *scatters], device)
     return tuple(both[: len(gathers)]), tuple(both[len(gathers) :])
 
 
