@@ -19,6 +19,7 @@ Profile = Literal["smoke", "full"]
 
 MODES: tuple[Mode, ...] = ("single", "dp", "ddp", "fsdp", "compile")
 DISTRIBUTED_MODES = ("ddp", "fsdp", "compile")  # one process per rank
+PROJECTED_MODES = ("ddp", "fsdp")  # modes whose scaling evidence.projection projects from ws1
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16")
 SCALINGS: tuple[Scaling, ...] = ("strong", "weak")
 INPUTS: tuple[Inputs, ...] = ("synthetic", "loader")

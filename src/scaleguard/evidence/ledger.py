@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from scaleguard.case import CaseSpec
+from scaleguard.case import PROJECTED_MODES, CaseSpec
 from scaleguard.devices import defaults_for
 from scaleguard.evidence import baseline
 from scaleguard.evidence.baseline import BaselineFile
@@ -158,7 +158,7 @@ class Ledger:
         (``evidence.projection``); None without them, or for ranks sharing one GPU."""
         spec = self.specs[case_id]
         anchor = self.anchor(spec)
-        if anchor is None or spec.mode not in ("ddp", "fsdp") or spec.settings.shared_gpu:
+        if anchor is None or spec.mode not in PROJECTED_MODES or spec.settings.shared_gpu:
             return None
         if self.projection_withheld(case_id):
             return None

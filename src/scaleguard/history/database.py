@@ -441,16 +441,16 @@ class History:
         """Keep memo entries for every later viewer: a cache's write, which a view may make on a
         history it opened read-only. It never migrates (a history older than schema 5 gets
         none), never waits past ``BLOCK_WRITE_S`` for the lock, and never fails: False where
-        it was not written (a read-only file or directory, a writer holding the lock)."""
+        it was not written (a read-only file or directory, a writer holding the lock). Its own
+        short-lived connection, whichever way the history was opened: the same deadline for
+        every caller."""
         if not entries:
             return True
         db: sqlite3.Connection | None = None
         try:
             if int(self._db.execute("PRAGMA user_version").fetchone()[0]) < 5:
                 return False
-            db = self._db if not self.readonly else sqlite3.connect(
-                self.path, timeout=BLOCK_WRITE_S, isolation_level=None
-            )  # fmt: skip
+            db = sqlite3.connect(self.path, timeout=BLOCK_WRITE_S, isolation_level=None)
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany(REMEMBER_BLOCKS.replace("%s", "?"), entries)
@@ -462,7 +462,7 @@ class History:
         except sqlite3.Error:
             return False
         finally:
-            if db is not None and db is not self._db:
+            if db is not None:
                 db.close()
 
     def _chosen(

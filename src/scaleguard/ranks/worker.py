@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaleguard.case import CaseSpec
+from scaleguard.case import PROJECTED_MODES, CaseSpec
 from scaleguard.evidence.anatomy import PHASES
 from scaleguard.evidence.files import atomic_write_json, atomic_write_text
 from scaleguard.evidence.records import RankFailure, RankPhase, RankResult
@@ -407,7 +407,8 @@ def _with_anatomy(
     beside gloo's threads) leaves that file, and the parent keeps the run (``launcher``)."""
     projected = (
         phased is not None
-        and ((spec.mode == "ddp" and phased.can_skip_sync) or spec.mode == "fsdp")
+        and spec.mode in PROJECTED_MODES
+        and (phased.can_skip_sync or spec.mode == "fsdp")  # FSDP has no all-reduce to skip
         and (spec.world_size > 1 or bool(spec.settings.batches_to_project()))
     )
     if phased is None or (spec.settings.profile_steps <= 0 and not projected):

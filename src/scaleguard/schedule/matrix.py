@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scaleguard.case import INPUTS, MODES, PRECISIONS, SCALINGS, CaseSpec, RunSettings
+from scaleguard.case import INPUTS, MODES, PRECISIONS, PROJECTED_MODES, SCALINGS, CaseSpec, RunSettings
 from scaleguard.devices import defaults_for
 
 if TYPE_CHECKING:
@@ -185,9 +185,6 @@ def plan(options: MatrixOptions, gpus: GpuInventory, cpu_count: int) -> list[Pla
         spec = CaseSpec(**fields)
         planned.append(PlannedCase(spec, _skip_reason(spec, gpus, cpu_count)))
     return _with_projection_batches(planned)
-
-
-PROJECTED_MODES = ("ddp", "fsdp")  # modes ``evidence.projection`` models
 
 
 def _with_projection_batches(planned: list[PlannedCase]) -> list[PlannedCase]:
