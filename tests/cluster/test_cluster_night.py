@@ -186,33 +186,46 @@ def test_a_night_the_cluster_lost_is_an_infrastructure_outcome_with_its_own_exit
     assert not queue()
 
 
-def test_the_nightly_wrappers_time_limit_releases_the_sessions_allocation(
+def test_the_nightly_wrappers_signal_releases_the_sessions_allocation(
     suite: pytest.Pytester, slurm_env: dict[str, str], tmp_path: Path, process_tag: str
 ) -> None:
-    """tools/nightly_slurm.sbatch as a site submits it, with a one-minute limit and the signal
-    30 s before it: the session's hung step and its allocation are released, not left held."""
+    """tools/nightly_slurm.sbatch as a site submits it: the signal its ``--signal=B:TERM@300``
+    asks for (SIGTERM to the batch shell, which execs the session) releases the session's hung
+    step and its allocation, not left held until the allocation's own limit.
+
+    The test sends that signal itself (``scancel --batch --signal=TERM``, what slurmctld does at
+    the --signal time) once the step runs: Slurm may send a --signal up to 60 s early, so a
+    one-minute job with ``--signal=B:TERM@30`` can get it before the interpreter has started,
+    and a slow machine lost the whole log that way."""
     wrapper = Path(__file__).resolve().parents[2] / "tools" / "nightly_slurm.sbatch"
+    assert "#SBATCH --signal=B:TERM@" in wrapper.read_text()
     perf = suite.path / "perf"
     perf.mkdir()
     (suite.path / "test_train_step.py").rename(perf / "test_train_step.py")
     log = tmp_path / "nightly.log"
     args = cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-inject-faults")
     done = subprocess.run(
-        ["sbatch", "--parsable", "--time=1", "--signal=B:TERM@30", f"--output={log}", "--partition=debug",
-         str(wrapper), *args],
+        ["sbatch", "--parsable", "--time=5", f"--output={log}", "--partition=debug", str(wrapper), *args],
         cwd=suite.path, env={**os.environ, FAULT_ENV: "hang,rank=0,phase=measure,step=1"},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     wrapper_job = done.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 200
+    _wait_for_step(tmp_path, 4)
+    held = [line for line in queue() if not line.startswith(f"{wrapper_job} ")]
+    assert held and "RUNNING" in held[0], (queue(), log.read_text(errors="replace")[-3000:])
+    signalled = subprocess.run(
+        ["scancel", "--batch", "--signal=TERM", wrapper_job], capture_output=True, text=True, timeout=30
+    )
+    assert signalled.returncode == 0, signalled.stderr
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         state = subprocess.run(
             ["squeue", "-h", "-j", wrapper_job, "-o", "%T"], capture_output=True, text=True, timeout=30
         ).stdout.strip()
         if not state:
             break
-        time.sleep(2)
+        time.sleep(1)
     text = log.read_text(errors="replace")
     assert "SIGTERM: the session releases its Slurm allocation and stops" in text, text[-3000:]
     assert "Slurm allocation" in text
