@@ -12,8 +12,12 @@ temporary directory, then runs SESSIONS judged sessions per class with one fault
   the collective, after every step: the others wait; what "overlap lost or waiting" covers on
   CPU, where gloo has no overlap to lose).
 
-Usage: python benchmarks/scaling_causes.py SESSIONS OUTDIR [--case transformer_tiny] [--ms 10]
-Run it alone (two shared cores).
+Usage: python benchmarks/scaling_causes.py SESSIONS OUTDIR [--case transformer_tiny] [--ms 10] [pytest args...]
+
+Further arguments go to pytest, e.g. the local Slurm's (``tools/local_slurm.sh start``, its
+SLURM_CONF exported): ``--perf-slurm --perf-device cpu --perf-slurm-ranks-per-node 1
+--perf-slurm-nodes 1,2`` (world sizes 1 and 2 on one and two nodes; the fault reaches every
+node's ranks through the environment srun passes on). Run it alone (two shared cores).
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ EXPECTED = {
 }
 
 
-def pytest_args(model: str, baselines: Path, saved: Path) -> list[str]:
+def pytest_args(model: str, baselines: Path, saved: Path, extra: list[str]) -> list[str]:
+    # on a cluster the nodes and ranks per node set the world sizes
+    sizes = [] if "--perf-slurm" in extra else ["--perf-world-sizes", "1,2"]
     return [
         sys.executable, "-m", "pytest", "perf/test_train_step.py", "-q", "-p", "no:cacheprovider",
-        "--perf-models", model, "--perf-modes", "ddp", "--perf-scaling", "strong",
-        "--perf-world-sizes", "1,2", "--perf-inject-faults",
-        "--perf-threads-per-rank", "1", "--perf-no-history", f"--perf-baselines={baselines}",
-        f"--benchmark-json={saved}",
+        "--perf-models", model, "--perf-modes", "ddp", "--perf-scaling", "strong", *sizes,
+        "--perf-inject-faults", "--perf-threads-per-rank", "1", "--perf-no-history",
+        f"--perf-baselines={baselines}", f"--benchmark-json={saved}", *extra,
     ]  # fmt: skip
 
 
@@ -75,13 +80,13 @@ def main() -> int:
     parser.add_argument("--ms", type=float, default=10.0)
     parser.add_argument("--pct", type=float, default=30.0, help="the rest class: busy percent of the step")
     parser.add_argument("--classes", default=",".join(CLASSES))
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()
     out: Path = args.out
     baselines = out / "baselines"
     baselines.mkdir(parents=True, exist_ok=True)
     if not any(baselines.iterdir()):
         started = time.monotonic()
-        record = [*pytest_args(args.case, baselines, out / "record.json"), "--perf-update-baselines"]
+        record = [*pytest_args(args.case, baselines, out / "record.json", extra), "--perf-update-baselines"]
         run([*record, "--perf-repeats", "3"], None, out / "record.log")
         print(f"baseline recorded in {time.monotonic() - started:.0f} s", flush=True)
     counts: dict[str, Counter[str]] = {}
@@ -91,7 +96,7 @@ def main() -> int:
             saved = out / f"{name}{index}.json"
             started = time.monotonic()
             injected = fault.format(ms=args.ms, pct=args.pct) if fault else None
-            run(pytest_args(args.case, baselines, saved), injected, out / f"{name}{index}.log")
+            run(pytest_args(args.case, baselines, saved, extra), injected, out / f"{name}{index}.log")
             infos = {
                 b["extra_info"]["case_id"]: b["extra_info"]
                 for b in json.loads(saved.read_text())["benchmarks"]
