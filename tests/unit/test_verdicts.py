@@ -389,10 +389,36 @@ def test_a_young_baselines_efficiency_is_judged_with_the_efficiencys_own_spread_
     new = [run(0.034, session="s1", index=i, seed=10 + i, eff=0.66) for i in range(1)]
     verdict = decide(case(new), case(base), cpu, ws1_status=Status.OK)
     assert verdict.status is Status.REGRESSED and verdict.scaling_regression, verdict.story
-    assert f"its spread assumed {cpu.eff_prior_spread * 100:.1f} points, this device's" in verdict.story
+    assert (
+        f"a session's own offset assumed {cpu.eff_session_spread * 100:.1f} points (this device's), "
+        f"its runs' spread {cpu.eff_run_spread * 100:.1f}; callable beyond 14.6 points" in verdict.story
+    ), verdict.story
     # the same runs, the efficiency unchanged: OK (the step's +13 % is within CPU's 10 % x prior)
     same = [run(0.030, session="s1", index=0, seed=20, eff=0.875)]
     assert decide(case(same), case(base), cpu, ws1_status=Status.OK).status is Status.OK
+
+
+def test_a_young_baselines_efficiency_is_two_levels_a_sessions_offset_and_its_runs() -> None:
+    # one recording session whose 3 runs spread 9 points (as the VM's did: 0.80, 0.89, 0.98).
+    # The single-level rule took that spread as the guard (3 x 9 = 27 points needed), so a
+    # 15-point drop over 5 runs was at best INCONCLUSIVE; as two levels the session's offset
+    # (3 points) and the runs' spread (pooled with tonight's runs) set the error of the
+    # difference of the two means, and 15 points is beyond it
+    cpu = Thresholds.for_device("cpu")
+    base = [run(0.030, session="s0", index=i, seed=i, eff=e) for i, e in enumerate((0.80, 0.89, 0.98))]
+    drop = [run(0.036, session="s1", index=i, seed=10 + i, eff=0.74 + 0.01 * (i % 3)) for i in range(5)]
+    verdict = decide(case(drop), case(base), cpu, ws1_status=Status.OK)
+    assert verdict.status is Status.REGRESSED and verdict.scaling_regression, verdict.story
+    single = dataclasses.replace(cpu, eff_session_spread=0.0, eff_run_spread=0.0)
+    assert decide(case(drop), case(base), single, ws1_status=Status.OK).status is not Status.REGRESSED
+    # the error of one session against one session never shrinks below the offsets' sqrt(2) x 3
+    # points, however many runs: a 6-point drop over 5 tight runs is not called
+    near = [run(0.031, session="s1", index=i, seed=30 + i, eff=0.83) for i in range(5)]
+    tight = [run(0.030, session="s0", index=i, seed=40 + i, eff=0.89) for i in range(3)]
+    assert decide(case(near), case(tight), cpu, ws1_status=Status.OK).status is Status.OK
+    # two sessions: the baseline is no longer young and the rule is the measured one
+    grown = tight + [run(0.030, session="s2", index=i, seed=50 + i, eff=0.88) for i in range(3)]
+    assert decide(case(near), case(grown), cpu, ws1_status=Status.OK).efficiency.session_spread == 0.0
 
 
 def _named(runs: list[RunRecord], name: str) -> list[RunRecord]:

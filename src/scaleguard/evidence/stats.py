@@ -117,6 +117,13 @@ class Shift:
     spread_assumed: bool  # True: the baseline was too young to measure it; a prior was used
     n_new: int
     n_old: int
+    se: float = 0.0  # standard error of ``diff`` (log or points) the test used
+    session_spread: float = 0.0  # the between-session component the test assumed (0: none)
+
+    @property
+    def spread_of_runs(self) -> float:
+        """The run-level part of ``spread`` (all of it unless a session component was assumed)."""
+        return math.sqrt(max(self.spread**2 - self.session_spread**2, 0.0))
 
 
 def run_shift(
@@ -127,6 +134,8 @@ def run_shift(
     prior_spread: float,
     min_spread: float,
     young: bool,
+    session_spread: float = 0.0,
+    run_spread: float = 0.0,
 ) -> Shift:
     """Compare per-run values of one metric with a pooled two-sample t test on run values.
 
@@ -140,6 +149,15 @@ def run_shift(
         prior_spread: the device's assumed run-to-run spread, used while ``young``.
         min_spread: floor on the measured spread: a few baseline runs that happen to agree
             must not make a tiny change look certain.
+        session_spread: the between-session component of the spread, measured per device
+            (0: not known). With it, a young comparison is a two-level one: each side's runs
+            share one session's offset, which more runs do not average away, so
+            se^2 = 2 x session^2 + run^2 x (1/m + 1/k), the run-level spread measured within
+            the sessions (pooled, floored at ``run_spread``, the device's measured one) or
+            ``prior_spread`` where no run has a twin.
+            Without it, ``prior_spread`` is taken as a run-level spread, which makes the
+            error of a mean of runs from one session too small, and the k x spread guard
+            (on the whole spread) must make up for it at a cost in power.
     """
     x = np.log(np.asarray(new, dtype=np.float64)) if relative else np.asarray(new, dtype=np.float64)
     y = np.log(np.asarray(old, dtype=np.float64)) if relative else np.asarray(old, dtype=np.float64)
@@ -150,12 +168,21 @@ def run_shift(
     df = m + k - 2
     ss = float(((x - x.mean()) ** 2).sum() + ((y - y.mean()) ** 2).sum())
     measured = math.sqrt(ss / df) if df > 0 else 0.0
-    if young or df == 0:
+    historical = float(np.std(y, ddof=1)) if k >= 2 else 0.0
+    two_level = young and session_spread > 0
+    if two_level:
+        run_level = max(measured, run_spread, min_spread) if df > 0 else prior_spread
+        se = math.sqrt(2 * session_spread**2 + run_level**2 * (1 / m + 1 / k))
+        # what one run of one session spreads by between sessions; the baseline's own few runs
+        # are in ``measured`` already, so the ``historical`` guard is not added again
+        spread, dist_df = math.hypot(session_spread, run_level), math.inf
+        historical = 0.0
+    elif young or df == 0:
         spread, dist_df = max(measured, prior_spread, min_spread), math.inf
+        se = spread * math.sqrt(1 / m + 1 / k)
     else:
         spread, dist_df = max(measured, min_spread), float(df)
-    se = spread * math.sqrt(1 / m + 1 / k)
-    historical = float(np.std(y, ddof=1)) if k >= 2 else 0.0
+        se = spread * math.sqrt(1 / m + 1 / k)
     from scipy import stats as sps
 
     law = sps.norm if math.isinf(dist_df) else sps.t(dist_df)
@@ -175,4 +202,6 @@ def run_shift(
         spread_assumed=young or df == 0,
         n_new=m,
         n_old=k,
+        se=se,
+        session_spread=session_spread if two_level else 0.0,
     )

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from statistics import NormalDist
 from typing import Any
 
 from scaleguard.devices import defaults_for, kind_spread
@@ -96,6 +97,8 @@ _BOUNDS = {
     "min_spread": (0.0, 1.0),
     "eff_prior_spread": (0.0, 1.0),
     "eff_min_spread": (0.0, 1.0),
+    "eff_session_spread": (0.0, 1.0),
+    "eff_run_spread": (0.0, 1.0),
 }
 
 
@@ -119,6 +122,9 @@ class Thresholds:
     # the session's drift (most of the step's spread) cancels in it (points, devices.py)
     eff_prior_spread: float = 0.01
     eff_min_spread: float = 0.002
+    # its two levels while the baseline is young, where measured (0: the single-level prior)
+    eff_session_spread: float = 0.0
+    eff_run_spread: float = 0.0
     min_runs: int = 3  # baseline runs ...
     min_sessions: int = 2  # ... from this many sessions before its own spread is trusted
 
@@ -137,6 +143,7 @@ class Thresholds:
         return cls(
             step=d.step, efficiency=d.efficiency, memory=d.memory, prior_spread=d.prior_spread,
             min_spread=d.min_spread, eff_prior_spread=d.eff_prior_spread, eff_min_spread=d.eff_min_spread,
+            eff_session_spread=d.eff_session_spread, eff_run_spread=d.eff_run_spread,
         )  # fmt: skip
 
     @classmethod
@@ -467,8 +474,16 @@ def _examine(
         eff = run_shift(
             new.efficiencies(), old.efficiencies(), relative=False,
             prior_spread=thr.eff_prior_spread, min_spread=thr.eff_min_spread, young=young,
+            session_spread=thr.eff_session_spread, run_spread=thr.eff_run_spread,
         )  # fmt: skip
-        needed_eff = max(thr.efficiency, thr.k_spread * eff.spread)
+        if eff.session_spread > 0:
+            # two levels: the session's offset is in the test's own error, so the drop it can
+            # call is where it becomes significant, not k x the whole spread of one run (with
+            # a one-session CPU baseline: 14.6 points on the first run, 12.0 after 4 confirm
+            # runs, where k x spread asked 15 whatever the runs)
+            needed_eff = max(thr.efficiency, _z(thr.alpha) * eff.se)
+        else:
+            needed_eff = max(thr.efficiency, thr.k_spread * eff.spread)
         eff_worse = -eff.change > needed_eff and eff.p_down < thr.alpha
         # a drop beyond the efficiency's threshold buys confirm runs (INCONCLUSIVE) even when
         # it is under k x its spread and the step alone moved too little to ask for them
@@ -493,6 +508,11 @@ def _examine(
         device_bound,
     )
     return step, eff, mem, found
+
+
+def _z(alpha: float) -> float:
+    """The one-sided normal quantile of ``alpha`` (2.33 at 0.01)."""
+    return float(NormalDist().inv_cdf(1 - alpha))
 
 
 def _beyond(change: float, needed: float) -> bool:
@@ -644,7 +664,14 @@ def story(
     if verdict.efficiency is not None:
         eff = verdict.efficiency
         text = f"efficiency {old.efficiency():.2f} -> {new.efficiency():.2f} (p={eff.p_down:.1g}"
-        if eff.spread_assumed:
+        if eff.session_spread > 0:
+            text += (
+                f"; young baseline: a session's own offset assumed {eff.session_spread * 100:.1f} "
+                f"points (this device's), its runs' spread {eff.spread_of_runs * 100:.1f}"
+            )
+            if found.needed_eff is not None:
+                text += f"; callable beyond {found.needed_eff * 100:.1f} points"
+        elif eff.spread_assumed:
             text += f"; young baseline: its spread assumed {eff.spread * 100:.1f} points, this device's"
         parts.append(text + ")")
     if verdict.status is Status.REGRESSED and new.world_size > 1 and (found.slower or found.eff_worse):
