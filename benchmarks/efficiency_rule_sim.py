@@ -26,9 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from scaleguard.evidence.runs import CaseEvidence, RunRecord  # noqa: E402
-from scaleguard.evidence.stats import StepSummary  # noqa: E402
-from scaleguard.evidence.verdict import Status, Thresholds, decide  # noqa: E402
+from scaleguard.evidence.runs import CaseEvidence, RunRecord
+from scaleguard.evidence.stats import StepSummary
+from scaleguard.evidence.verdict import Status, Thresholds, decide
 
 STEPS = tuple(0.030 for _ in range(10))
 
@@ -76,7 +76,9 @@ def judged(new_effs: list[float], base: CaseEvidence, thr: Thresholds) -> Status
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--drop", type=float, default=0.15, help="points the judged session loses (0: A/A)")
     parser.add_argument("--mean", type=float, default=0.85)

@@ -12,7 +12,7 @@ temporary directory, then runs SESSIONS judged sessions per class with one fault
   the collective, after every step: the others wait; what "overlap lost or waiting" covers on
   CPU, where gloo has no overlap to lose).
 
-Usage: python benchmarks/scaling_causes.py SESSIONS OUTDIR [--case transformer_tiny] [--ms 10] [pytest args...]
+Usage: python benchmarks/scaling_causes.py SESSIONS OUTDIR [--case transformer_tiny] [--ms 10] [pytest...]
 
 Further arguments go to pytest, e.g. the local Slurm's (``tools/local_slurm.sh start``, its
 SLURM_CONF exported): ``--perf-slurm --perf-device cpu --perf-slurm-ranks-per-node 1
