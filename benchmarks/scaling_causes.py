@@ -88,6 +88,9 @@ def main() -> int:
         started = time.monotonic()
         record = [*pytest_args(args.case, baselines, out / "record.json", extra), "--perf-update-baselines"]
         run([*record, "--perf-repeats", "3"], None, out / "record.log")
+        if not any(baselines.iterdir()):
+            raise SystemExit("the recording session recorded no baseline; record.log ends:\n"
+                             + (out / "record.log").read_text(errors="replace")[-2000:])  # fmt: skip
         print(f"baseline recorded in {time.monotonic() - started:.0f} s", flush=True)
     counts: dict[str, Counter[str]] = {}
     for name in args.classes.split(","):
@@ -96,7 +99,12 @@ def main() -> int:
             saved = out / f"{name}{index}.json"
             started = time.monotonic()
             injected = fault.format(ms=args.ms, pct=args.pct) if fault else None
-            run(pytest_args(args.case, baselines, saved, extra), injected, out / f"{name}{index}.log")
+            log = out / f"{name}{index}.log"
+            saved.unlink(missing_ok=True)  # a session that saves nothing must not read an older one
+            run(pytest_args(args.case, baselines, saved, extra), injected, log)
+            if not saved.is_file():
+                raise SystemExit(f"{name} {index}: the session saved nothing; its log ({log}) ends:\n"
+                                 + log.read_text(errors="replace")[-2000:])  # fmt: skip
             infos = {
                 b["extra_info"]["case_id"]: b["extra_info"]
                 for b in json.loads(saved.read_text())["benchmarks"]

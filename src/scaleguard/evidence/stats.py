@@ -168,21 +168,21 @@ def run_shift(
     df = m + k - 2
     ss = float(((x - x.mean()) ** 2).sum() + ((y - y.mean()) ** 2).sum())
     measured = math.sqrt(ss / df) if df > 0 else 0.0
-    historical = float(np.std(y, ddof=1)) if k >= 2 else 0.0
     two_level = young and session_spread > 0
     if two_level:
         run_level = max(measured, run_spread, min_spread) if df > 0 else prior_spread
         se = math.sqrt(2 * session_spread**2 + run_level**2 * (1 / m + 1 / k))
         # what one run of one session spreads by between sessions; the baseline's own few runs
-        # are in ``measured`` already, so the ``historical`` guard is not added again
+        # are in ``measured`` already, so its own spread is no separate guard here
         spread, dist_df = math.hypot(session_spread, run_level), math.inf
-        historical = 0.0
-    elif young or df == 0:
-        spread, dist_df = max(measured, prior_spread, min_spread), math.inf
-        se = spread * math.sqrt(1 / m + 1 / k)
     else:
-        spread, dist_df = max(measured, min_spread), float(df)
+        if young or df == 0:
+            spread, dist_df = max(measured, prior_spread, min_spread), math.inf
+        else:
+            spread, dist_df = max(measured, min_spread), float(df)
         se = spread * math.sqrt(1 / m + 1 / k)
+        # tight new runs of one session cannot shrink the guard below the baseline's own spread
+        spread = max(spread, float(np.std(y, ddof=1)) if k >= 2 else 0.0)
     from scipy import stats as sps
 
     law = sps.norm if math.isinf(dist_df) else sps.t(dist_df)
@@ -198,7 +198,7 @@ def run_shift(
         ci=ci,
         p_up=float(law.sf(t_stat)),
         p_down=float(law.cdf(t_stat)),
-        spread=max(spread, historical),
+        spread=spread,
         spread_assumed=young or df == 0,
         n_new=m,
         n_old=k,
