@@ -15,7 +15,8 @@
 #                             session per FAULT (none: A/A; slow,pct=P: a GPU spin of P % of each
 #                             step's own device time), against BASE (a baseline folder; default the
 #                             committed one). A/A gets FAULT_LIMIT (150 s), a slowdown SLOW_LIMIT
-#                             (300 s: caught cases buy confirm runs)
+#                             (300 s: caught cases buy confirm runs); SEL=-k expression narrows
+#                             the cases
 # The baseline file is this machine's (`scaleguard hardware-key`): an H100 lent for an H200 call
 # records and judges its own file, never the H200's.
 # Every step has its own deadline (LIMIT) so one call never runs past its slot; logs go to OUTDIR.
@@ -89,7 +90,8 @@ PY
     shift 2
     faults=("$@"); [ ${#faults[@]} -eq 0 ] && faults=(none "slow,pct=1.5")
     judged=${BASE:-baselines}
-    sel=$(python benchmarks/kind_spread.py "$judged/$key.json" --cases)  # the verdict's own rule
+    # the verdict's own rule, or SEL (a -k expression: the cases a limited call has left to judge)
+    sel=${SEL:-$(python benchmarks/kind_spread.py "$judged/$key.json" --cases)}
     echo "device-bound cases: $sel"
     n=0
     for fault in "${faults[@]}"; do
