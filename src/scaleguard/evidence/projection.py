@@ -351,7 +351,9 @@ def project(
     phase = {n: statistics.median(s.phase_ms[n] for s in inputs) for n in PHASE_NAMES}
     # what world size 1's step holds beyond its compute-only phases: DDP's own work on the
     # buckets (copies, hooks) on CPU, less the host/device overlap the drained phases lose on
-    # a GPU. A fixed cost per step, not one that shrinks with the batch: added, not scaled
+    # a GPU. A fixed cost per step, not one that shrinks with the batch: added, not scaled.
+    # The phases are taken after the measured steps, so this also holds what the machine's speed
+    # did between the two (-18 to +19 ms on a 65-96 ms step, on a noisy 2-core VM: measured.md)
     offset = ws1_step_ms - sum(phase.values())
     at = [s.phase_ms_at[wsn_batch] for s in inputs if wsn_batch in s.phase_ms_at]
     if wsn_batch == ws1_batch or not at:

@@ -13,8 +13,9 @@ An FSDP2 run has no gradient all-reduce to skip: its phases at world size 1 are 
 collectives of one rank are copies); at world size > 1 it reads its units (``fsdp_units``) and
 times each unit's all-gather and reduce-scatter alone.
 
-The cost is a few steps: ``PHASE_STEPS`` compute-only steps (per batch), one hooked step and, at
-world size > 1, ``PROBE_REPS`` all-reduces of the whole gradient, after the measured steps.
+The cost is a few steps: ``PHASE_STEPS`` compute-only steps (per batch, more where they are
+short), one hooked step and, at world size > 1, ``PROBE_REPS`` all-reduces of the whole gradient,
+after the measured steps.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from scaleguard.case import CaseSpec
 from scaleguard.ranks.profiling import PhasedStep
 
 PHASE_STEPS = 3
+# compute-only steps go on past PHASE_STEPS, up to PHASE_STEPS_MAX rounds, until the rounds took
+# PHASE_BUDGET_S: a 3-step median of a 25 ms CPU step moved the projection's compute by 5-12 ms
+# between identical sessions on the 2-core VM (its "offset", ws1's step less its phases, read
+# -5.8 to +12.4 ms), while a 100 ms GPU step is settled in 3 and pays nothing more
+PHASE_STEPS_MAX = 15
+PHASE_BUDGET_S = 0.6
 PROBE_REPS = 3
 FSDP_PROBE_BATCH = 2  # samples per rank: BatchNorm in training needs 2
 
@@ -188,29 +195,45 @@ def gather_scatter_seconds(
     return tuple(both[: len(gathers)]), tuple(both[len(gathers) :])
 
 
-def _phase_ms(phased: PhasedStep, take: int | None = None) -> dict[str, float]:
-    runs = [phased.phases(False, take) for _ in range(PHASE_STEPS)]
-    return {name: round(statistics.median(r[name] for r in runs) * 1e3, 4) for name in runs[0]}
+def phase_ms(
+    phased: PhasedStep, batches: tuple[int | None, ...], alone: bool
+) -> dict[int | None, dict[str, float]]:
+    """Each batch's compute-only phases (None: the run's own batch), medians over rounds that take
+    one step of every batch in turn: a projection compares these batches with each other, so a
+    machine slowing between them (another process, a clock change) reaches all of them alike.
+    ``alone`` (world size 1): rounds go on while they are short (``PHASE_BUDGET_S``). Ranks of a
+    group run ``PHASE_STEPS`` exactly: a DDP forward broadcasts buffers and an FSDP step gathers,
+    so every rank must take as many steps as the others, whatever its own clock says."""
+    rounds: dict[int | None, list[dict[str, float]]] = {b: [] for b in batches}
+    started = time.perf_counter()
+    for done in range(1, (PHASE_STEPS_MAX if alone else PHASE_STEPS) + 1):
+        for b in batches:
+            rounds[b].append(phased.phases(False, b))
+        if done >= PHASE_STEPS and time.perf_counter() - started >= PHASE_BUDGET_S:
+            break
+    return {
+        b: {name: round(statistics.median(r[name] for r in runs) * 1e3, 4) for name in runs[0]}
+        for b, runs in rounds.items()
+    }
 
 
 def measure(phased: PhasedStep, device: torch.device, spec: CaseSpec, delay_s: float = 0.0) -> dict[str, Any]:
     """The projection's inputs of this rank (``evidence.projection.ScalingInputs``, as written)."""
     model = phased.model
-    out: dict[str, Any] = {"phase_ms": _phase_ms(phased)}
-    if spec.mode == "ddp":  # FSDP's sharded parameters take no gradient hooks; its model needs none
-        out["ready"] = list(ready_fractions(phased.step, model, device))
-    smaller = [b for b in spec.settings.batches_to_project() if b < spec.per_rank_batch]
-    at: dict[str, dict[str, float]] = {}
+    smaller: list[int] = []
     if spec.world_size == 1:
-        at.update({str(b): _phase_ms(phased, b) for b in smaller})
+        smaller = [b for b in spec.settings.batches_to_project() if b < spec.per_rank_batch]
     if spec.mode == "fsdp":
         # a step of almost no compute, at world size 1 and at N: what N ranks' FSDP adds to it
         # is its collectives as FSDP pays them (copy-in, gather, copy-out, the reduce-scatter's
         # chunking and waits), which on CPU gloo came to 4-7 x the same collectives alone
-        probe = min(FSDP_PROBE_BATCH, spec.per_rank_batch)
-        at[str(probe)] = _phase_ms(phased, probe)
-    if at:
-        out["phase_ms_at"] = at
+        smaller.append(min(FSDP_PROBE_BATCH, spec.per_rank_batch))
+    measured = phase_ms(phased, (None, *dict.fromkeys(smaller)), alone=spec.world_size == 1)
+    out: dict[str, Any] = {"phase_ms": measured.pop(None)}
+    if spec.mode == "ddp":  # FSDP's sharded parameters take no gradient hooks; its model needs none
+        out["ready"] = list(ready_fractions(phased.step, model, device))
+    if measured:
+        out["phase_ms_at"] = {str(b): ms for b, ms in measured.items() if b is not None}
     if spec.world_size > 1 and spec.mode == "fsdp":
         units = fsdp_units(model)
         if units:
