@@ -10,6 +10,8 @@
 #   slow    +1.5 % device-side at 1 % against the baseline as it came (SEL narrows the cases)
 #   h100slow the same on the 8 H100 cases the last H100 call left unjudged
 #   gputests tests/gpu alone
+#   verify  tests/gpu, then the main command (a session with one call)
+#   verifyslow tests/gpu, then h100slow's cases as time allows
 set -u
 h200=$1; h100=$2; out=$3
 mkdir -p "$out"
@@ -46,5 +48,12 @@ case $plan in
     step 100 env SLOW_LIMIT=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh resolve "$out/slow" "slow,pct=1.5" ;;
   gputests)
     step 200 gputests 240 ;;
+  verify)  # one call only: the current code's tests/gpu, then the README's main command judged
+    step 200 gputests 240
+    step 200 env LIMIT=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh judge "$out/judge" ;;
+  verifyslow)  # the H100's: tests/gpu, then as many of the unfinished two-session cases as fit
+    step 200 gputests 240
+    export SEL="resnet50-ddp-ws1-fp32-weak or resnet50-ddp-ws1-bf16-strong or transformer-single-ws1-bf16-strong or transformer-ddp-ws1-bf16-strong or gpt2_small"
+    step 100 env SLOW_LIMIT=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh resolve "$out/slow" "slow,pct=1.5" ;;
 esac
 echo "call: $(( $(date +%s) - t0 )) s" | tee -a "$out/plan.txt"
