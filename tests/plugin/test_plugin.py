@@ -81,7 +81,11 @@ def test_benchmark_save_holds_the_measured_per_step_samples(
         assert info["world_size"] in (1, 2) and info["settings"]["threads_per_rank"] == 1
     ws2 = next(b for b in data["benchmarks"] if b["extra_info"]["world_size"] == 2)["extra_info"]
     speedup = ws2["runs"][0]["speedup"]
-    assert speedup is not None and ws2["scaling_efficiency"] == pytest.approx(speedup / 2)
+    assert speedup is not None and ws2["runs"][0]["scaling_efficiency"] == pytest.approx(speedup / 2)
+    # the case's efficiency is its counted runs' mean: none where a busy machine quarantined
+    # every run (CI on a VM losing a third of its time to steal did)
+    effs = [r["scaling_efficiency"] for r in ws2["runs"] if r.get("quarantine") is None]
+    assert ws2["scaling_efficiency"] == (pytest.approx(statistics.fmean(effs)) if effs else None)
     machine = data["machine_info"]
     assert machine["torch_version"].startswith("2.") and machine["threads_per_rank"] == 1
     assert machine["scaleguard"]["device"] == "cpu" and machine["cpu_model"]
