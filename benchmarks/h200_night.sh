@@ -12,8 +12,7 @@ phase=$1; out=$2
 . "$(dirname "$0")/h200_common.sh"
 case $phase in
   record-decoder)
-    timeout -s INT 240 python -m pytest tests/gpu -v -rfE --durations=0 2>&1 | stamp > "$out/gpu-tests.log"
-    tail -15 "$out/gpu-tests.log"
+    gpu_tests 300
     timeout -s INT 270 python -m pytest perf/ -k gpt2_small -v -rfE --perf-update-baselines --perf-repeats 2 \
       --benchmark-save=decoder --benchmark-storage="file://$out/bench" --benchmark-json="$out/decoder.json" \
       2>&1 | stamp > "$out/record-decoder.log"
