@@ -431,7 +431,10 @@ def _examine(
         min_spread=thr.min_spread, young=young,
     )  # fmt: skip
     needed = max(thr.step, thr.k_spread * step.spread)
-    slower, faster, suspect = _step_findings(step, needed, thr)
+    # a device-bound baseline (the GPU busy through its steps): its runs agree well within a
+    # tight threshold, so a first run near it gets confirm runs rather than an OK (``_near``)
+    steady = (old.gpu_busy_share() or 0.0) >= DEVICE_BOUND
+    slower, faster, suspect = _step_findings(step, needed, thr, near=steady)
     machine = machine_diff(new, old)
     if machine is not None and not machine.differs:
         machine = None  # the same speed as far as the probe can tell: nothing to say
@@ -519,11 +522,28 @@ def _beyond(change: float, needed: float) -> bool:
     return change > needed or change < mirrored(needed)
 
 
-def _step_findings(step: Shift, needed: float, thr: Thresholds) -> tuple[bool, bool, bool]:
-    """(slower, faster, suspect) for a step-time shift against the needed change."""
+def _near(step: Shift, needed: float) -> bool:
+    """Past half the needed change, its 95 % interval reaching beyond it: a change near the
+    threshold that more runs decide. Asked of device-bound steps only (``_examine``): measured on
+    an H200 at a 1 % threshold, a +1.5 % device-side slowdown of resnet50 single fp32 bs 64
+    read +1.3 % over three runs, but its first run read under +1 % in 2 of 3 sessions, and a
+    first run under the threshold was OK at once. A host-bound or CPU case keeps the plain rule:
+    its runs spread so much that the band would buy confirm runs on most quiet nights."""
+    lo, hi = step.ci
+    if step.change > needed / 2:
+        return hi > needed
+    return step.change < mirrored(needed) / 2 and lo < mirrored(needed)
+
+
+def _step_findings(
+    step: Shift, needed: float, thr: Thresholds, near: bool = False
+) -> tuple[bool, bool, bool]:
+    """(slower, faster, suspect) for a step-time shift against the needed change; ``near``: a
+    change near it is suspect too (``_near``)."""
     status = judge_shift(step.change, step.ci, step.p_up, step.p_down, needed, thr.alpha)
     slower, faster = status is Status.REGRESSED, status is Status.IMPROVED
-    return slower, faster, _beyond(step.change, needed) and not (slower or faster)
+    suspect = _beyond(step.change, needed) or (near and _near(step, needed))
+    return slower, faster, suspect and not (slower or faster)
 
 
 def decide(
@@ -689,7 +709,17 @@ def story(
             f"peak memory {max(old.memories()) / 2**20:.0f} -> {max(new.memories()) / 2**20:.0f} MiB "
             f"({_pct(verdict.memory.change)})"
         )
-    if verdict.status is Status.INCONCLUSIVE:
+    if (
+        verdict.status is Status.INCONCLUSIVE
+        and verdict.step is not None
+        and not _beyond(verdict.step.change, found.needed)
+    ):  # a device-bound step near the needed change (``_near``)
+        parts.append(
+            f"within {found.needed:.1%} (max of the {thr.step:.0%} threshold and {thr.k_spread:g} x "
+            "the run-to-run spread) but past half of it, its interval reaching beyond: a "
+            "device-bound step, more runs decide"
+        )
+    elif verdict.status is Status.INCONCLUSIVE:
         parts.append(
             f"a change beyond {found.needed:.1%} (max of the {thr.step:.0%} threshold and "
             f"{thr.k_spread:g} x the run-to-run spread) is not significant at p<{thr.alpha:g} "
