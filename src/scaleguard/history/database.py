@@ -93,7 +93,8 @@ _MIGRATIONS: dict[int, str] = {
     # rows carry each run's record (~2 KB), and 500,000 of them took 1.1 s to visit, 0.4 s here
     4: """
     CREATE INDEX IF NOT EXISTS runs_series ON runs
-        (hardware_key, case_id, recorded_at, run_id, session, median_s, quarantine, torch, torch_git, runner, project);
+        (hardware_key, case_id, recorded_at, run_id, session, median_s, quarantine, torch, torch_git,
+         runner, project);
     """,
     # the change points' whole blocks (``history.memo``), kept where every viewer of the history
     # finds them: a first view of 10,000 nights x 50 cases searched 1,000 blocks (8.4 s)
@@ -711,7 +712,7 @@ class Nights(Sequence[Night]):
     50 cases read them from columns and made 500,000 tuples (0.4 s) that the search and the
     page only read as two columns (``values``, ``times``)."""
 
-    __slots__ = ("sessions", "times", "values", "torches", "gits", "runs")
+    __slots__ = ("gits", "runs", "sessions", "times", "torches", "values")
 
     def __init__(
         self,
@@ -729,7 +730,7 @@ class Nights(Sequence[Night]):
     def of(cls, nights: Sequence[Night]) -> Nights:
         if not nights:
             return cls([], [], [], [], [], [])
-        sessions, times, values, torches, gits, runs = map(list, zip(*nights))
+        sessions, times, values, torches, gits, runs = map(list, zip(*nights, strict=True))
         return cls(sessions, times, values, torches, gits, runs)
 
     def __len__(self) -> int:
@@ -836,10 +837,12 @@ def read_cases(
                 f"history {where}: more than the {limit} runs one view reads match; "
                 "narrow it with --case GLOB and --hardware-key KEY"
             )
-        run_ids, sessions, times, medians, quarantines, torches, gits, runners = map(list, zip(*raw))
+        columns = map(list, zip(*raw, strict=True))
+        run_ids, sessions, times, medians, quarantines, torches, gits, runners = columns
         fits = (
             _texts_fit(run_ids, False) and _texts_fit(sessions, False) and _texts_fit(times, False)
-            and _steps_fit(medians) and all(_texts_fit(c, True) for c in (quarantines, torches, gits, runners))
+            and _steps_fit(medians)
+            and all(_texts_fit(c, True) for c in (quarantines, torches, gits, runners))
         )  # fmt: skip
         if not fits:
             for run_id in run_ids:  # the first run a column check refuses, named by the one rule
@@ -853,12 +856,13 @@ def read_cases(
             nights = Nights(sessions, times, list(map(float, medians)), torches, gits, [1] * len(raw))
         else:
             by_session: dict[str, list[int]] = {}
-            for i, (session, quarantine) in enumerate(zip(sessions, quarantines)):
+            for i, (session, quarantine) in enumerate(zip(sessions, quarantines, strict=True)):
                 if quarantine is None:
                     by_session.setdefault(session, []).append(i)
             nights = Nights.of(sorted(
                 (
-                    Night(session, min(times[i] for i in at), float(statistics.median(medians[i] for i in at)),
+                    Night(session, min(times[i] for i in at),
+                          float(statistics.median(medians[i] for i in at)),
                           torches[at[-1]], gits[at[-1]], len(at))
                     for session, at in by_session.items()
                 ),

@@ -112,7 +112,8 @@ def render(
             })  # fmt: skip
         times, values = history.columns_of(nights)
         traces.append({
-            "type": "scatter", "mode": "lines", "name": "nightly median", "line": {"color": "black", "width": 1},
+            "type": "scatter", "mode": "lines", "name": "nightly median",
+            "line": {"color": "black", "width": 1},
             "x": _texts(times), "y": np.asarray(values) * 1e3,
         })  # fmt: skip
         shapes, notes = [], []
@@ -120,8 +121,8 @@ def render(
             assert point.after is not None and point.before is not None
             label = f"{point.change:+.1%}: torch {point.before.torch} -> {point.after.torch}"
             at = _t(point.after.recorded_at)
-            shapes.append({"type": "line", "x0": at, "x1": at, "xref": "x", "y0": 0, "y1": 1, "yref": "y domain",
-                           "line": {"dash": "dash", "color": "red"}})  # fmt: skip
+            shapes.append({"type": "line", "x0": at, "x1": at, "xref": "x", "y0": 0, "y1": 1,
+                           "yref": "y domain", "line": {"dash": "dash", "color": "red"}})  # fmt: skip
             notes.append({"x": at, "y": 1.0, "yref": "paper", "text": _t(label), "showarrow": False,
                           "font": {"color": "red"}})  # fmt: skip
             if point is points[-1] and point.change > 0:
@@ -160,8 +161,9 @@ def render(
         )
     sections.extend(_scaling_curves(rows))
     if series is not None and any(one.runs > len(one.rows) for one in series):
-        sections.insert(0, f"<p class='note'>Runs, efficiency and scaling curves: the last {history.RECENT_NIGHTS} "
-                           "nights of each case; the nightly median line covers every night.</p>")  # fmt: skip
+        sections.insert(0, "<p class='note'>Runs, efficiency and scaling curves: the last "
+                           f"{history.RECENT_NIGHTS} nights of each case; the nightly median line "
+                           "covers every night.</p>")  # fmt: skip
     filters = "".join(
         f'<label>{name} <select name="{name}"><option value="">all</option>'
         + "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in sorted(values) if v)
