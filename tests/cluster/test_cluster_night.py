@@ -196,7 +196,9 @@ def test_the_nightly_wrappers_signal_releases_the_sessions_allocation(
     The test sends that signal itself (``scancel --batch --signal=TERM``, what slurmctld does at
     the --signal time) once the step runs: Slurm may send a --signal up to 60 s early, so a
     one-minute job with ``--signal=B:TERM@30`` can get it before the interpreter has started,
-    and a slow machine lost the whole log that way."""
+    and a slow machine lost the whole log that way. The job asks for 10 minutes: the wrapper's
+    own TERM@300 then comes at 4-5 minutes, after the test's; with 5 minutes it was due at once,
+    and Slurm sent it before a slow VM's session had started its step."""
     wrapper = Path(__file__).resolve().parents[2] / "tools" / "nightly_slurm.sbatch"
     assert "#SBATCH --signal=B:TERM@" in wrapper.read_text()
     perf = suite.path / "perf"
@@ -205,7 +207,7 @@ def test_the_nightly_wrappers_signal_releases_the_sessions_allocation(
     log = tmp_path / "nightly.log"
     args = cluster_args(suite.path, tmp_path / "shared", "-k", "ws2", "--perf-inject-faults")
     done = subprocess.run(
-        ["sbatch", "--parsable", "--time=5", f"--output={log}", "--partition=debug", str(wrapper), *args],
+        ["sbatch", "--parsable", "--time=10", f"--output={log}", "--partition=debug", str(wrapper), *args],
         cwd=suite.path, env={**os.environ, FAULT_ENV: "hang,rank=0,phase=measure,step=1"},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -95,10 +95,10 @@ def test_a_cpu_quota_moves_the_case_without_failing_it_and_a_real_slowdown_still
     assert moved and int(moved.group(1)) > 50, slower_machine  # 4x slower: far beyond the probe's noise
     assert "moved with the machine" in slower_machine or "with it (a host-bound step" in slower_machine
 
-    # the same machine and the workload's compute 8x: beyond anything the machine explains
-    # no confirm runs: under the quota each run of the 8x step takes a minute, and the first
-    # run's verdict is what this asserts (confirm runs are the session tests' subject)
-    slowed = _session(root, baselines, quota, "slow,pct=700", "--perf-confirm", "0")
+    # the same machine and the workload's compute 4x: 4x beyond anything the machine explains
+    # (8x cost a slow CI VM a minute a run for nothing more). No confirm runs: the first run's
+    # verdict is what this asserts (confirm runs are the session tests' subject)
+    slowed = _session(root, baselines, quota, "slow,pct=300", "--perf-confirm", "0")
     assert "1 failed" in slowed, slowed
     assert re.search(
         r"transformer_tiny-single-ws1-fp32-strong REGRESSED: .*runs the probe \d+% slower", slowed
