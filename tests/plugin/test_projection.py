@@ -92,7 +92,7 @@ def test_a_straggler_without_a_baseline_is_below_its_projection_and_named(
     # against 0.71 projected: inside the 25 points this device's projections may miss by
     monkeypatch.setenv(FAULT_ENV, "slow,rank=1,at=backward,ms=120")
     baselines, _ = this_machines_baseline(tmp_path)
-    # no load check: the straggler (40 ms a step) is far beyond what other processes on a CI
+    # no load check: the straggler (120 ms a step) is far beyond what other processes on a CI
     # machine do, while a quarantine for their sake would leave nothing to judge (NOISY)
     extra = [
         "--perf-inject-faults",

@@ -395,6 +395,7 @@ class _Findings:
     machine: MachineDiff | None = None
     machine_moved: bool = False
     device_bound: float | None = None  # the GPU's busy share, when that kept the machine rule off
+    near: bool = False  # suspect only because a device-bound step came near the needed change
 
 
 def _young(old: CaseEvidence, thr: Thresholds) -> bool:
@@ -431,17 +432,21 @@ def _examine(
         min_spread=thr.min_spread, young=young,
     )  # fmt: skip
     needed = max(thr.step, thr.k_spread * step.spread)
+    slower, faster, suspect = _step_findings(step, needed, thr)
+    old_busy = old.gpu_busy_share()
     # a device-bound baseline (the GPU busy through its steps): its runs agree well within a
     # tight threshold, so a first run near it gets confirm runs rather than an OK (``_near``)
-    steady = (old.gpu_busy_share() or 0.0) >= DEVICE_BOUND
-    slower, faster, suspect = _step_findings(step, needed, thr, near=steady)
+    near = (
+        old_busy is not None and old_busy >= DEVICE_BOUND and not (slower or faster or suspect)
+        and _near(step, needed)
+    )  # fmt: skip
     machine = machine_diff(new, old)
     if machine is not None and not machine.differs:
         machine = None  # the same speed as far as the probe can tell: nothing to say
     machine_moved = False
     device_bound = None
     if machine is not None:
-        old_busy, new_busy = old.gpu_busy_share(), new.gpu_busy_share()
+        new_busy = new.gpu_busy_share()
         if (
             old_busy is not None
             and old_busy >= DEVICE_BOUND
@@ -467,6 +472,8 @@ def _examine(
             faster = a_faster
             suspect = (adjusted.change < mirrored(needed) and not a_faster) or (suspect and step.change > 0)
         machine_moved = raw_beyond and not (slower or faster or suspect)
+        near = False  # host-bound tonight: the machine's rule judges it, as any host-bound step
+    suspect = suspect or near
     eff = None
     needed_eff = None
     eff_worse = False
@@ -509,6 +516,7 @@ def _examine(
         machine,
         machine_moved,
         device_bound,
+        near,
     )
     return step, eff, mem, found
 
@@ -523,27 +531,24 @@ def _beyond(change: float, needed: float) -> bool:
 
 
 def _near(step: Shift, needed: float) -> bool:
-    """Past half the needed change, its 95 % interval reaching beyond it: a change near the
-    threshold that more runs decide. Asked of device-bound steps only (``_examine``): measured on
-    an H200 at a 1 % threshold, a +1.5 % device-side slowdown of resnet50 single fp32 bs 64
-    read +1.3 % over three runs, but its first run read under +1 % in 2 of 3 sessions, and a
-    first run under the threshold was OK at once. A host-bound or CPU case keeps the plain rule:
-    its runs spread so much that the band would buy confirm runs on most quiet nights."""
+    """Within the needed change but past half of it, its 95 % interval reaching beyond it: a
+    change near the threshold that more runs decide. Asked of device-bound steps only
+    (``_examine``): measured on an H200 at a 1 % threshold, a +1.5 % device-side slowdown of
+    resnet50 single fp32 bs 64 read +1.3 % over three runs, but its first run read under +1 % in
+    2 of 3 sessions, and a first run under the threshold was OK at once. A host-bound or CPU case
+    keeps the plain rule: its runs spread so much that the band would buy confirm runs on most
+    quiet nights."""
     lo, hi = step.ci
     if step.change > needed / 2:
         return hi > needed
     return step.change < mirrored(needed) / 2 and lo < mirrored(needed)
 
 
-def _step_findings(
-    step: Shift, needed: float, thr: Thresholds, near: bool = False
-) -> tuple[bool, bool, bool]:
-    """(slower, faster, suspect) for a step-time shift against the needed change; ``near``: a
-    change near it is suspect too (``_near``)."""
+def _step_findings(step: Shift, needed: float, thr: Thresholds) -> tuple[bool, bool, bool]:
+    """(slower, faster, suspect) for a step-time shift against the needed change."""
     status = judge_shift(step.change, step.ci, step.p_up, step.p_down, needed, thr.alpha)
     slower, faster = status is Status.REGRESSED, status is Status.IMPROVED
-    suspect = _beyond(step.change, needed) or (near and _near(step, needed))
-    return slower, faster, suspect and not (slower or faster)
+    return slower, faster, _beyond(step.change, needed) and not (slower or faster)
 
 
 def decide(
@@ -709,11 +714,7 @@ def story(
             f"peak memory {max(old.memories()) / 2**20:.0f} -> {max(new.memories()) / 2**20:.0f} MiB "
             f"({_pct(verdict.memory.change)})"
         )
-    if (
-        verdict.status is Status.INCONCLUSIVE
-        and verdict.step is not None
-        and not _beyond(verdict.step.change, found.needed)
-    ):  # a device-bound step near the needed change (``_near``)
+    if verdict.status is Status.INCONCLUSIVE and found.near:
         parts.append(
             f"within {found.needed:.1%} (max of the {thr.step:.0%} threshold and {thr.k_spread:g} x "
             "the run-to-run spread) but past half of it, its interval reaching beyond: a "

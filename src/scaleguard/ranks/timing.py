@@ -108,6 +108,7 @@ def measure(
     steps: int | Sampling,
     agree_max: Callable[[float], float] = lambda x: x,
     before_step: Callable[[str, int], None] = lambda phase, i: None,
+    before_measure: Callable[[], None] = lambda: None,
 ) -> MeasuredSteps:
     """Warm up, then time ``steps`` steps of ``step``.
 
@@ -119,6 +120,9 @@ def measure(
         agree_max: reduces a float to its maximum over ranks (identity in one process); every
             rank then takes the same warmup decision, so ranks never desynchronise.
         before_step: called with ("warmup"|"measure", index) before each step; host-side only.
+            It runs inside the step's interval: keep it to what must happen there (a fault).
+        before_measure: called once after warmup, when every rank has agreed to start the
+            measured steps and before the first is timed (status, the memory peak's reset).
     """
     warmup_s: list[float] = []
     steady = False
@@ -139,6 +143,7 @@ def measure(
 
     sampling = steps if isinstance(steps, Sampling) else Sampling(steps)
     agree_max(0.0)  # a barrier: all ranks enter the measured steps together
+    before_measure()
     nonfinite = torch.zeros((), dtype=torch.bool, device=loss.device)
     step_s: list[float] = []
     started = time.perf_counter()

@@ -608,19 +608,20 @@ def _measure(
     def before_step(phase: str, index: int) -> None:
         if phase == "warmup":
             status.set(RankPhase.WARMUP, f"step {index}")
-        elif index == 0:
-            status.set(
-                RankPhase.MEASURE,
-                f"{spec.settings.steps} steps (no per-step status, to keep the timed loop clean)",
-            )
-            # the peak of the measured steps, not of warmup: cuDNN's autotune (first steps) tries
-            # algorithms with whatever workspace is free, and its trials' peak differs between
-            # processes. Seen on two H100s: resnet50 ddp fp32 bs 64 peaked 10.6 GB in all 3 runs
-            # of one machine against 5.8-5.9 GB on two others, its steps alike (29.9-35.2 vs
-            # ~30 ms): a 10 % memory gate called it REGRESSED
-            _reset_peak_memory(device)
         if fault is not None and fault.applies(rank, phase, index):
             fault.fire(device)
+
+    def before_measure() -> None:
+        status.set(
+            RankPhase.MEASURE,
+            f"{spec.settings.steps} steps (no per-step status, to keep the timed loop clean)",
+        )
+        # the peak of the measured steps, not of warmup: cuDNN's autotune (first steps) tries
+        # algorithms with whatever workspace is free, and its trials' peak differs between
+        # processes. Seen on two H100s: resnet50 ddp fp32 bs 64 peaked 10.6 GB in all 3 runs of
+        # one machine against 5.8-5.9 GB on two others, its steps alike (29.9-35.2 vs ~30 ms):
+        # a 10 % memory gate called it REGRESSED
+        _reset_peak_memory(device)
 
     clock: timing.StepClock = timing.CudaEventClock() if device.type == "cuda" else timing.PerfCounterClock()
     return timing.measure(
@@ -635,6 +636,7 @@ def _measure(
         ),
         agree_max=_agree_max(spec, device),
         before_step=before_step,
+        before_measure=before_measure,
     )
 
 
