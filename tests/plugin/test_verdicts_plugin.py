@@ -55,9 +55,19 @@ def test_slowed_allreduce_is_a_scaling_regression_and_never_enters_the_baseline(
     recorded.stdout.fnmatch_lines(["*scaleguard: baseline*: 2 cases recorded*"])
     data = json.loads(path.read_text())
     assert data["schema_version"] == SCHEMA_VERSION
+    said = recorded.stdout.str()
     for case_id in ("transformer_tiny-ddp-ws1-fp32-strong", "transformer_tiny-ddp-ws2-fp32-strong"):
         (entry,) = data["cases"][case_id].values()
-        assert len(entry["runs"]) == 2 and len({r["run_id"] for r in entry["runs"]}) == 2
+        # the 2 repeats, and any confirm runs the session said it made: with no baseline, a
+        # ws2 run below its projection on this loaded 2-core VM buys them (a CI run read 0.71
+        # against a projected 1.17), and as every clean run they are recorded
+        confirms = sum(int(n) for n in re.findall(rf"{case_id}: [\w-]+ so far; (\d) confirm runs", said))
+        references = sum(
+            int(n)
+            for n in re.findall(rf"so far; \d confirm runs and (\d) of {case_id}, its efficiency", said)
+        )
+        runs = [r["run_id"] for r in entry["runs"]]
+        assert len(runs) == 2 + confirms + references and len(set(runs)) == len(runs), (said, runs)
     os.chmod(path, 0o644)
     before = json.loads(path.read_text())
 
