@@ -7,7 +7,8 @@ of ``--cases`` runs (rows made by ``appendable``, as a session makes them) and t
 fills both with ``--nights`` x ``--cases`` runs (a template row varied per night: the record
 column holds a real run) and times ``scaleguard history`` (the terminal view with change points)
 and ``scaleguard history --html`` over one case and over everything, each in a fresh process
-(its peak RSS from ``resource``): all cases first (every block searched; the whole ones given to
+(its peak RSS from ``resource``, and its largest search worker's, ``scaleguard.history.analysis``):
+all cases first (every block searched; the whole ones given to
 the history), then from a runner with an empty memo of its own, again, after one more night
 (each case's last block searched again), and the page. Prints a markdown table.
 """
@@ -22,6 +23,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 START = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +47,8 @@ t0 = time.perf_counter()
 from scaleguard.cli import main
 code = main(sys.argv[1:])
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print("WALL", time.perf_counter() - t0, "RSS", rss, "CODE", code, file=sys.stderr)
+child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest search worker
+print("WALL", time.perf_counter() - t0, "RSS", rss, "CODE", code, "CHILD", child, file=sys.stderr)
 """
 
 
@@ -103,7 +109,7 @@ def fill(target: str, nights_n: int, cases: int, first: int = 0) -> None:
             db.append_rows(batch)
 
 
-def view(target: str, memo_dir: Path, *args: str) -> tuple[float, float, int]:
+def view(target: str, memo_dir: Path, *args: str) -> tuple[float, float, int, float]:
     done = subprocess.run(
         [sys.executable, "-c", VIEW, "history", "--history", target, "--last", "3",
          "--spool-dir", str(memo_dir), *args],
@@ -114,7 +120,7 @@ def view(target: str, memo_dir: Path, *args: str) -> tuple[float, float, int]:
     if not line:
         raise SystemExit(done.stderr[-2000:])
     parts = line[-1].split()
-    return float(parts[1]), int(parts[3]) / 1024, int(parts[5])
+    return float(parts[1]), int(parts[3]) / 1024, int(parts[5]), int(parts[7]) / 1024
 
 
 def main() -> int:
@@ -181,8 +187,12 @@ def main() -> int:
                 timed = [view(target, work / f"memo-{name}-{memo_name}", *extra) for _ in range(repeat)]
                 walls = sorted(t[0] for t in timed)
                 rss, codes = max(t[1] for t in timed), {t[2] for t in timed}
+                child = max(t[3] for t in timed)
                 span = f"{walls[0]:.2f}" + (f"-{walls[-1]:.2f}" if repeat > 1 else "")
-                cells.append(f"{span} s, {rss:.0f} MiB" + ("" if codes == {0} else f" (exit {codes})"))
+                worker = f" (+ worker {child:.0f})" if child > 0 else ""
+                cells.append(
+                    f"{span} s, {rss:.0f} MiB{worker}" + ("" if codes == {0} else f" (exit {codes})")
+                )
             appended = f"{min(appends) * 1e3:.0f}-{max(appends) * 1e3:.0f} ms (5 nights)"
             print(f"| {name} | {appended} | {filled:.0f} s | " + " | ".join(cells) + " |", flush=True)
     finally:

@@ -345,15 +345,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.html is not None:
         check_output(args.html, "--html", (".html", ".htm"))
         check_not_input(args.html, "--html", [path] if isinstance(path, Path) else [])
-    from scaleguard.history.memo import analysed
+    from scaleguard.history.memo import viewed
 
     with open_history(path, readonly=True) as db:
-        # every night of each case; the runs of the last year (or --last nights) read whole
-        reads = db.view(
-            args.hardware_key, args.case, args.runner, args.project, max(args.last, history.RECENT_NIGHTS)
-        )
-        # each case's change points searched once; a long series' blocks kept between views
-        series, notes = analysed(db, reads, settings, args.spool_dir)
+        # every night of each case, the runs of the last year (or --last nights) read whole; each
+        # case's change points searched once, beside the reading; a long series' blocks kept
+        series, notes = viewed(
+            db, settings, args.spool_dir, args.hardware_key, args.case, args.runner, args.project,
+            max(args.last, history.RECENT_NIGHTS),
+        )  # fmt: skip
         for note in [*db.notes, *notes]:
             print(inert(f"scaleguard history: {note}"), file=sys.stderr)
     if args.html is not None:
@@ -401,12 +401,12 @@ def _warm_change_points(target: HistoryTarget, settings: ThresholdSettings, spoo
     one view, or a role that may not write, leaves it cold with one line)."""
     from scaleguard.history import database as history
     from scaleguard.history.changepoints import LONG_SERIES
-    from scaleguard.history.memo import analysed
+    from scaleguard.history.memo import viewed
     from scaleguard.history.store import open_history
 
     try:
         with open_history(target) as db:
-            series, _ = analysed(db, db.view(), settings, spool_dir)
+            series, _ = viewed(db, settings, spool_dir)
     except history.HistoryError as exc:
         print(inert(f"scaleguard history: change points not searched ahead ({exc})"), file=sys.stderr)
         return

@@ -339,3 +339,155 @@ def test_an_import_searches_long_series_ahead_for_every_viewer(
     monkeypatch.setattr(cp, "_candidates", lambda x, m: searched.append(x.size) or real(x, m))
     assert cli_main(["history", "--history", history_target, "--spool-dir", str(tmp_path / "viewer")]) == 0
     assert "+20.0%" in capsys.readouterr().out and len(searched) == 1  # the growing block alone
+
+
+# the change points searched beside the reading (scaleguard.history.analysis) --------------------
+
+
+def _fill_cases(target: str, cases: int, n: int, start: int = 0) -> None:
+    """``cases`` cases of ``n`` nights each (from night ``start``), one run a night, each with
+    its own steps."""
+    import datetime
+
+    import numpy as np
+
+    (row, _) = history.appendable(
+        [history.Batch(nights([0.1]), KEY, "suite")], target, history.Fleet("r", "p")
+    )
+    cols = history._COLUMNS
+    at = {name: cols.index(name) for name in ("run_id", "session", "recorded_at", "median_s", "case_id")}
+    epoch = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+    rows = []
+    for c in range(cases):
+        rng = np.random.default_rng(c)
+        steps = (
+            np.ones(n)
+            * np.where(np.arange(n) >= 300 + 97 * c, 1.2, 1.0)
+            * np.where(np.arange(n) >= n - 200 - 31 * c, 0.85, 1.0)
+        )
+        values = 0.1 * np.exp(0.01 * rng.standard_normal(n)) * steps
+        for k, value in enumerate(values.tolist(), start=start):
+            fields = list(row)
+            fields[at["run_id"]], fields[at["session"]] = f"run{c}-{k:05d}", f"night{k:05d}"
+            fields[at["recorded_at"]] = (epoch + datetime.timedelta(hours=k)).isoformat()
+            fields[at["median_s"]] = value
+            fields[at["case_id"]] = f"m{c}-ddp-ws1-fp32-strong"
+            rows.append(tuple(fields))
+    with opened(target) as db:
+        db.append_rows(rows)
+
+
+def _stop_first_worker(monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:
+    """The first worker given a case is sent ``signum`` at once; returns its pid (once sent)."""
+    import os
+
+    from scaleguard.history import analysis
+
+    hit: list[int] = []
+    real = analysis.Search._pump
+
+    def pump(self: analysis.Search, wait_s: float) -> None:
+        real(self, wait_s)
+        busy = [w for w in self.workers if w.held]
+        if busy and not hit:
+            hit.append(busy[0].proc.pid)
+            os.kill(busy[0].proc.pid, signum)
+
+    monkeypatch.setattr(analysis.Search, "_pump", pump)
+    return hit
+
+
+@pytest.mark.parametrize("fault", ["none", "killed", "stopped"])
+def test_change_points_searched_beside_the_reading_are_the_same_with_any_workers_and_faults(
+    history_target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Six long cases: the answer of the one-process ``history.analyse`` over the same reads, with
+    0, 1 or 3 workers; with a worker killed (SIGKILL) or stopped (SIGSTOP, past a short
+    deadline) mid-view, its cases are searched by the reader, and no worker is left behind."""
+    import signal
+
+    from scaleguard.history import analysis
+    from scaleguard.history.memo import ChangePointMemo, viewed
+
+    _fill_cases(history_target, 6, 2600)  # blocks at 0, 512, ..., 2048: four whole, one growing
+    with opened(history_target, readonly=True) as db:
+        expected = history.analyse(db.view())
+
+    def shape(series: list[history.CaseSeries]) -> list[tuple[str, list[tuple[int, float, float]]]]:
+        return [(one.case_id, [(p.index, p.change, p.p_value) for p in one.points]) for one in series]
+
+    assert all(len(one.points) == 2 for one in expected)  # each case's two steps, found
+    counts = [0, 1, 3] if fault == "none" else [2]
+    if fault != "none":
+        monkeypatch.setattr(analysis, "TASK_DEADLINE_S", 1.0)
+        hit = _stop_first_worker(monkeypatch, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+    started: list[analysis._Worker] = []
+    real_start = analysis.Search._start
+
+    def start(self: analysis.Search) -> None:
+        real_start(self)
+        started.extend(self.workers)
+
+    monkeypatch.setattr(analysis.Search, "_start", start)
+    for workers in counts:
+        started.clear()
+        with opened(history_target, readonly=True) as db:
+            series, notes = viewed(db, None, tmp_path / f"memo{workers}", workers=workers)
+        assert shape(series) == shape(expected), workers
+        assert [one.nights.values for one in series] == [one.nights.values for one in expected]
+        assert notes == []
+        assert len(started) == workers and not any(w.proc.is_alive() for w in started)
+    if fault != "none":
+        assert hit, "no worker was given a case"
+    # the memo the workers filled is the reader's: a second view searches the growing blocks alone
+    memo = ChangePointMemo(tmp_path / f"memo{counts[-1]}")
+    with opened(history_target, readonly=True) as db:
+        for read in db.view():
+            hits = memo.lookup(db, history.columns_of(read.nights)[1])
+            assert len(hits) == 5  # every block's candidates, sent back by whoever searched it
+    memo.close()
+
+
+def test_a_view_that_changes_nothing_takes_each_long_series_answer_from_the_memo(
+    history_target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long series' change points are kept whole in the runner's memo, by its values and every
+    setting: the same view again searches nothing and answers the same; a night more, or an
+    entry no writer of ours made, is searched again."""
+    import sqlite3
+
+    from scaleguard.history import analysis
+    from scaleguard.history.memo import NAME, SERIES_PREFIX, viewed
+
+    _fill_cases(history_target, 3, 2600)
+    searched: list[int] = []
+    real = analysis.search
+
+    def counted(values: object, magnitude: float, hits: dict[str, list[int]]) -> analysis.Found:
+        searched.append(1)
+        return real(values, magnitude, hits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(analysis, "search", counted)
+
+    def view() -> list[tuple[str, list[tuple[int, float, float]]]]:
+        searched.clear()
+        with opened(history_target, readonly=True) as db:
+            series, notes = viewed(db, None, tmp_path / "memo", workers=0)
+        assert notes == []
+        return [(one.case_id, [(p.index, p.change, p.p_value) for p in one.points]) for one in series]
+
+    first = view()
+    assert len(searched) == 3 and all(len(points) == 2 for _, points in first)
+    assert view() == first and searched == []  # nothing new: every answer kept
+    # a forged answer (no writer of ours made it): searched again, the same answer, overwritten
+    memo_file = sqlite3.connect(tmp_path / "memo" / NAME)
+    with memo_file:
+        forged = "UPDATE blocks SET found = '[[99999, 0.5, 0.0]]' WHERE digest LIKE ?"
+        memo_file.execute(forged, (SERIES_PREFIX + "%",))
+    memo_file.close()
+    assert view() == first and len(searched) == 3
+    assert view() == first and searched == []
+    # one more night in one case: that case alone searched again
+    _fill_cases(history_target, 1, 1, start=2600)
+    after = view()
+    assert len(searched) == 1 and after[1:] == first[1:]

@@ -55,7 +55,7 @@ class Step:
 
 
 def detect(
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     max_pvalue: float = 0.001,
     min_magnitude: float = 0.0,
     min_size: int = 3,
@@ -114,6 +114,9 @@ BLOCK = 512
 BLOCK_OVERLAP = 64
 CANDIDATE_P = 0.05
 BLOCK_VERSION = 1  # in every digest: a change to the block search makes every memo entry unfindable
+# in every kept answer's digest (``history.analysis.series_digest``): bump it with any change to
+# what ``detect`` answers that its tunables (the constants here) do not show
+ANSWER_VERSION = 1
 
 
 def _blocks(x: np.ndarray, min_size: int, trim: float, scale: str) -> Iterator[tuple[int, np.ndarray, str]]:
@@ -171,7 +174,12 @@ def _block_candidates(x: np.ndarray, min_size: int, trim: float, scale: str, mem
 
 
 def _checked(
-    values: Sequence[float], max_pvalue: float, min_magnitude: float, min_size: int, scale: str, trim: float
+    values: Sequence[float] | np.ndarray,
+    max_pvalue: float,
+    min_magnitude: float,
+    min_size: int,
+    scale: str,
+    trim: float,
 ) -> np.ndarray:
     if scale not in SCALES:
         raise SeriesError(f"scale {scale!r}: choose from {', '.join(SCALES)}")

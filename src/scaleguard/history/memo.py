@@ -17,6 +17,7 @@ what it needs. Entries unused for ``KEEP_DAYS`` go at the next write.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import stat
@@ -38,6 +39,8 @@ LOCK_S = 2.0  # a memo is never worth waiting for: another view holding it means
 MAX_ENTRY = history.MAX_BLOCK_ENTRY  # characters: a block of 576 nights has at most ~190 candidates
 SHARED_MAX = 100_000  # whole blocks one view asks the history for (10,000 nights x 50 cases: 950)
 _SCHEMA = 1
+MAX_STEPS_ENTRY = 1 << 20  # characters: ~25,000 steps, more than any series of ours holds
+SERIES_PREFIX = "series:"  # a whole series' answer, beside the blocks' (whose keys are bare digests)
 
 
 class ChangePointMemo:
@@ -54,6 +57,8 @@ class ChangePointMemo:
         self._shared: dict[str, list[int]] = {}  # what the history holds of the whole blocks
         self._whole: set[str] = set()  # the whole blocks of the series viewed
         self._local: dict[str, list[int]] = {}  # entries the runner's file gave
+        self._asked = 0  # whole blocks asked of the history in this view
+        self._new_steps: dict[str, list[list[float]]] = {}  # whole series' answers (``steps``)
 
     def _open(self) -> sqlite3.Connection | None:
         """The file, opened on first use: a view of short series never makes one."""
@@ -84,16 +89,27 @@ class ChangePointMemo:
             self.note = f"change-point memo {self.path} skipped ({exc}); every block searched"
         return self._db
 
-    def load_shared(self, store: Store, series: Sequence[Sequence[float]]) -> None:
-        """What ``store`` remembers of the whole blocks of ``series`` (each case's nightly values,
-        as ``history.analyse`` will search them), in one query."""
-        keys = [key for values in series for key in block_keys(values)]
-        self._whole = {digest for digest, whole in keys if whole}
-        held = store.remembered_blocks(sorted(self._whole)[:SHARED_MAX])
-        for digest, text in held.items():
-            found = _parsed(text)
-            if found is not None and digest in self._whole:
-                self._shared[digest] = found
+    def lookup(self, store: Store, values: Sequence[float]) -> dict[str, list[int]]:
+        """The entries ``detect`` will find for the blocks of ``values`` (a case's nightly
+        values, as ``history.analyse`` searches them): digest -> candidates. What ``store``
+        remembers of the whole ones is asked for once per case (at most ``SHARED_MAX`` blocks a
+        view), the rest looked up in the runner's file."""
+        keys = block_keys(values)
+        whole = sorted({digest for digest, is_whole in keys if is_whole} - self._whole)
+        self._whole.update(whole)
+        asked = whole[: max(0, SHARED_MAX - self._asked)]
+        if asked:
+            self._asked += len(asked)
+            for digest, text in store.remembered_blocks(asked).items():
+                found = _parsed(text)
+                if found is not None and digest in self._whole:
+                    self._shared[digest] = found
+        hits = {}
+        for digest, _ in keys:
+            found = self.get(digest)
+            if found is not None:
+                hits[digest] = found
+        return hits
 
     def to_share(self) -> list[tuple[str, str]]:
         """The whole blocks this view searched or found in the runner's file that the history
@@ -130,17 +146,40 @@ class ChangePointMemo:
         self._new[digest] = list(found)
         self._open()  # kept here too: a whole block the history may not be given (a reader's role)
 
+    def steps(self, digest: str, nights: int) -> list[tuple[int, float, float]] | None:
+        """A whole series' answer (``analysis.series_digest``: its values and every setting
+        the answer depends on), as a view that searched the same series found it: (index,
+        change, p) of each step; None when the runner's file has none that a writer of ours
+        could have made for ``nights`` nights (then the series is searched, and kept)."""
+        db = self._open()
+        if db is None:
+            return None
+        key = SERIES_PREFIX + digest
+        try:
+            row = db.execute("SELECT found FROM blocks WHERE digest = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            self._skip(exc)
+            return None
+        found = _parsed_steps(row[0], nights) if row is not None else None
+        if found is not None:
+            self._used.append(key)
+        return found
+
+    def put_steps(self, digest: str, steps: Sequence[tuple[int, float, float]]) -> None:
+        self._new_steps[SERIES_PREFIX + digest] = [list(step) for step in steps]
+        self._open()
+
     def close(self) -> None:
         """Writes the new entries and the use of the old in one short transaction."""
         if self._db is None:
             return
         now = time.time()
         try:
-            if self._new or self._used:
+            if self._new or self._new_steps or self._used:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.executemany(
                     "INSERT OR REPLACE INTO blocks VALUES (?, ?, ?)",
-                    [(d, json.dumps(f), now) for d, f in self._new.items()],
+                    [(d, json.dumps(f), now) for d, f in [*self._new.items(), *self._new_steps.items()]],
                 )
                 self._db.executemany(
                     "UPDATE blocks SET used = ? WHERE digest = ?", [(now, d) for d in self._used]
@@ -163,6 +202,30 @@ class ChangePointMemo:
                 self._db = None
 
 
+def _parsed_steps(text: object, nights: int) -> list[tuple[int, float, float]] | None:
+    """A series' answer as our writers make it (a JSON list of [index, change, p], the indices
+    increasing within the series), or None."""
+    if not isinstance(text, str) or len(text) > MAX_STEPS_ENTRY:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(found, list):
+        return None
+    out: list[tuple[int, float, float]] = []
+    for step in found:
+        if not (isinstance(step, list) and len(step) == 3 and type(step[0]) is int):
+            return None
+        index, change, p = step
+        if not all(type(v) in (int, float) and math.isfinite(v) for v in (change, p)):
+            return None
+        if not (0 < index < nights and (not out or index > out[-1][0]) and change > -1 and 0 <= p <= 1):
+            return None
+        out.append((index, float(change), float(p)))
+    return out
+
+
 def _parsed(text: object) -> list[int] | None:
     """An entry as our writers make it (a JSON list of night indices), or None."""
     if not isinstance(text, str) or len(text) > MAX_ENTRY:
@@ -176,20 +239,29 @@ def _parsed(text: object) -> list[int] | None:
     return found
 
 
-def analysed(
+def viewed(
     store: Store,
-    reads: Sequence[history.CaseRead],
     settings: ThresholdSettings | None,
     directory: Path,
+    hardware_key: str | None = None,
+    case_glob: str = "*",
+    runner: str | None = None,
+    project: str | None = None,
+    recent: int = history.RECENT_NIGHTS,
+    workers: int | None = None,
 ) -> tuple[list[history.CaseSeries], list[str]]:
-    """``history.analyse`` of a view's ``reads`` with both memos: the whole blocks ``store``
-    remembers, the runner's file for the rest. The whole blocks searched here are given to
-    ``store`` for every later viewer, where its role may write (never waited for). Returns
-    the series and what a reader should know (a memo skipped)."""
+    """``store.view`` and ``history.analyse`` of what it reads, each case searched as soon as it
+    is read, beside the reading (``scaleguard.history.analysis``), with both memos: the whole
+    blocks ``store`` remembers, the runner's file for the rest. The whole blocks searched here
+    are given to ``store`` for every later viewer, where its role may write (never waited for).
+    Returns the series and what a reader should know (a memo skipped)."""
+    from scaleguard.history.analysis import Search
+
     memo = ChangePointMemo(directory)
-    memo.load_shared(store, [history.columns_of(read.nights)[1] for read in reads])
     try:
-        series = history.analyse(reads, settings, memo)
+        with Search(store, memo, settings, workers) as search:
+            store.view(hardware_key, case_glob, runner, project, recent, each=search.submit)
+            series = search.finish()
     finally:
         memo.close()
     share = memo.to_share()

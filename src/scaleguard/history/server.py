@@ -14,7 +14,7 @@ and the driver's own messages are scrubbed (``ServerDsn.scrub``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from scaleguard.evidence.runs import CaseEvidence
@@ -342,6 +342,7 @@ class ServerHistory:
         runner: str | None = None,
         project: str | None = None,
         recent: int = RECENT_NIGHTS,
+        each: Callable[[CaseRead], None] | None = None,
     ) -> list[CaseRead]:
         """As ``History.view``, by the same ``read_cases``."""
         try:
@@ -352,7 +353,7 @@ class ServerHistory:
                 f"SELECT {_VIEWED_RECENT} FROM runs {where} AND recorded_at >= %s "
                 + "ORDER BY recorded_at, run_id"
             )
-            one = f"SELECT {_VIEWED} FROM runs WHERE hardware_key = %s AND run_id = %s"
+            at = f"SELECT {_VIEWED} FROM runs {where} ORDER BY recorded_at, run_id LIMIT 1 OFFSET %s"
 
             def series_of(pair: tuple[str, str]) -> list[tuple[Any, ...]]:
                 # binary: numbers arrive as numbers, not text to parse (0.1 s of 500,000 runs)
@@ -363,8 +364,8 @@ class ServerHistory:
                 self.where, pairs,
                 series_of,
                 lambda pair, time, last: db.execute(since, [last, *pair, *args, time]).fetchall(),
-                lambda pair, run_id: db.execute(one, (pair[0], str(run_id))).fetchone(),
-                recent, _FIX, MAX_VIEW_RUNS,
+                lambda pair, index: db.execute(at, [*pair, *args, index]).fetchone(),
+                recent, _FIX, MAX_VIEW_RUNS, each,
             )  # fmt: skip
         except HistoryError:
             raise

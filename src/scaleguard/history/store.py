@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +68,7 @@ class Store(Protocol):
         runner: str | None = None,
         project: str | None = None,
         recent: int = RECENT_NIGHTS,
+        each: Callable[[CaseRead], None] | None = None,
     ) -> list[CaseRead]: ...
 
     def remembered_blocks(self, digests: Sequence[str]) -> dict[str, str]: ...

@@ -7,15 +7,19 @@ rank's threads' helpers), then the leaders are reaped with a deadline.
 The sequence says how a process likes to be asked: ranks get SIGTERM (their handler writes why
 they stopped), ``srun`` and ``pytest`` get SIGINT (srun cancels its step on it; pytest unwinds and
 reaps its own ranks).
+
+Also here: starting a helper with multiprocessing's spawn without the parent's ``__main__``
+(``spawning_without_main``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -81,3 +85,27 @@ def stop_groups(children: Sequence[Child], sequence: Sequence[tuple[signal.Signa
 
 def stop_group(child: Child, sequence: Sequence[tuple[signal.Signals, float]]) -> None:
     stop_groups([child], sequence)
+
+
+@contextlib.contextmanager
+def spawning_without_main() -> Iterator[None]:
+    """Processes spawned inside start without re-running the parent's ``__main__``: spawn
+    imports the main module of the parent in each child, and a user's script that calls
+    scaleguard without an ``if __name__ == "__main__"`` guard would run again in every helper
+    (measured: a script timing a history view read the whole history again in its search
+    worker, which then failed to start its own). A helper's target lives in a module of ours."""
+    from multiprocessing import spawn
+
+    saved = spawn.get_preparation_data
+
+    def without_main(name: str) -> dict[str, Any]:
+        data = saved(name)
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+        return data
+
+    spawn.get_preparation_data = without_main  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = saved  # type: ignore[assignment]
