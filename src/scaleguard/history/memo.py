@@ -24,7 +24,7 @@ import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scaleguard.evidence.verdict import ThresholdSettings
 from scaleguard.history import database as history
@@ -202,16 +202,22 @@ class ChangePointMemo:
                 self._db = None
 
 
-def _parsed_steps(text: object, nights: int) -> list[tuple[int, float, float]] | None:
-    """A series' answer as our writers make it (a JSON list of [index, change, p], the indices
-    increasing within the series), or None."""
-    if not isinstance(text, str) or len(text) > MAX_STEPS_ENTRY:
+def _json_list(text: object, limit: int) -> list[Any] | None:
+    """An entry's JSON list, or None (not text, longer than ``limit`` characters, not a list)."""
+    if not isinstance(text, str) or len(text) > limit:
         return None
     try:
         found = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(found, list):
+    return found if isinstance(found, list) else None
+
+
+def _parsed_steps(text: object, nights: int) -> list[tuple[int, float, float]] | None:
+    """A series' answer as our writers make it (a JSON list of [index, change, p], the indices
+    increasing within the series), or None."""
+    found = _json_list(text, MAX_STEPS_ENTRY)
+    if found is None:
         return None
     out: list[tuple[int, float, float]] = []
     for step in found:
@@ -228,13 +234,8 @@ def _parsed_steps(text: object, nights: int) -> list[tuple[int, float, float]] |
 
 def _parsed(text: object) -> list[int] | None:
     """An entry as our writers make it (a JSON list of night indices), or None."""
-    if not isinstance(text, str) or len(text) > MAX_ENTRY:
-        return None
-    try:
-        found = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(found, list) or not all(type(k) is int for k in found):
+    found = _json_list(text, MAX_ENTRY)
+    if found is None or not all(type(k) is int for k in found):
         return None
     return found
 
