@@ -255,3 +255,32 @@ def test_a_history_this_user_cannot_write_is_still_viewed_and_exported(
     assert "2 nights" in capsys.readouterr().out
     out = tmp_path / "otava"
     assert cli_main(["export", "--format", "otava", "--history", str(path), "--out", str(out)]) == 0
+
+
+# the year of whole runs a view reads is checked column by column: the same rule as row by row
+_GOOD_ROW = (
+    "run1", "m-ddp-ws2-fp32-strong", "cpu-hist-1t", "2.14.1", None, "night001", "2026-11-01T00:00:00",
+    "suite", 0.1, 0.9, 1000, None, "OK", 80.0, "cpu", "r", "p", 0.95,
+)  # fmt: skip
+_DAMAGE = [
+    (0, 7), (0, "x" * 401), (1, "m ws2"), (1, None), (2, 3.5), (3, 7), (4, "g" * 401), (5, None),
+    (6, b"t"), (7, None), (8, True), (8, 0.0), (8, float("nan")), (8, -1.0), (8, 1e12), (8, "0.1"),
+    (9, float("inf")), (9, "0.9"), (9, False), (10, -1), (10, True), (10, 1.5), (11, 3), (12, 4),
+    (13, -0.5), (13, float("nan")), (14, "tpu"), (14, 3), (15, 9), (16, "p" * 401),
+    (17, 250.0), (17, float("nan")), (17, "0.9"), (17, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), _DAMAGE)
+def test_whole_runs_checked_as_columns_agree_with_the_row_rule(field: int, value: object) -> None:
+    rows = [_GOOD_ROW, tuple(value if i == field else v for i, v in enumerate(_GOOD_ROW))]
+    try:
+        expected: object = [history._checked_row("h", r) for r in rows]
+    except history.HistoryError as exc:
+        expected = str(exc)
+    try:
+        got: object = history._checked_rows("h", rows)
+    except history.HistoryError as exc:
+        got = str(exc)
+    assert got == expected
+    assert history._checked_rows("h", [_GOOD_ROW]) == [history._checked_row("h", _GOOD_ROW)]

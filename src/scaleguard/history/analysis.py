@@ -61,11 +61,7 @@ START_AT = 2  # long series read before workers are started (one long case: sear
 Found = tuple[list[tuple[int, float, float]], dict[str, list[int]]]  # (steps, blocks searched)
 
 
-MAX_PVALUE = 0.001  # history.change_points' own: the one search every view makes
-MIN_SIZE = 3
-
-
-def series_digest(values: Sequence[float], min_magnitude: float) -> str:
+def series_digest(values: np.ndarray, min_magnitude: float) -> str:
     """What a series' change points depend on: its values, its smallest change and the search
     (its settings, its tunables and ``changepoints.ANSWER_VERSION``): a view that changes
     nothing (no night since the last one) takes every long case's answer from the memo."""
@@ -75,20 +71,18 @@ def series_digest(values: Sequence[float], min_magnitude: float) -> str:
 
     tunables = (
         cp.ANSWER_VERSION, cp.BLOCK_VERSION, cp.LONG_SERIES, cp.BLOCK, cp.BLOCK_OVERLAP, cp.CANDIDATE_P,
-        cp.SEARCH_EXPONENT, cp.REFINE_NIGHTS, cp.OUTLIER_MADS, cp.COARSE_BLOCKS, MAX_PVALUE, MIN_SIZE,
-        min_magnitude,
+        cp.SEARCH_EXPONENT, cp.REFINE_NIGHTS, cp.OUTLIER_MADS, cp.COARSE_BLOCKS, history.CHANGE_MAX_P,
+        history.CHANGE_MIN_SIZE, min_magnitude,
     )  # fmt: skip
     head = "|".join(map(repr, tunables)).encode()
-    return hashlib.sha256(head + np.asarray(values, dtype=np.float64).tobytes()).hexdigest()
+    return hashlib.sha256(head + values.tobytes()).hexdigest()
 
 
 def search(values: Sequence[float] | np.ndarray, min_magnitude: float, hits: dict[str, list[int]]) -> Found:
     """One case's change points as ``history.change_points`` finds them, with the memo entries
     ``hits`` (digest -> candidates): (index, change, p) of each step, and the blocks searched."""
     memo = _Hits(hits)
-    points = history.change_points(
-        values, max_pvalue=MAX_PVALUE, min_magnitude=min_magnitude, min_size=MIN_SIZE, memo=memo
-    )
+    points = history.change_points(values, min_magnitude=min_magnitude, memo=memo)
     return [(p.index, p.change, p.p_value) for p in points], memo.new
 
 
@@ -107,7 +101,7 @@ class _Hits:
 
 
 def _serve(conn: Connection) -> None:
-    """A worker: (index, task file) in, (index, found or None, what went wrong) out, until the
+    """A worker: (index, task file) in, (index, found or None) out, until the
     reader closes its end or sends None. A task file holds the case's values (float64 bytes),
     its smallest change and its memo hits: through the pipe go small messages alone, so a
     reader's send never waits on a worker that stopped reading."""
@@ -133,11 +127,10 @@ def _serve(conn: Connection) -> None:
             with open(path, "rb") as handle:  # the reader's own file, in its own private directory
                 raw, magnitude, hits = pickle.load(handle)
             found: Found | None = search(np.frombuffer(raw, dtype=np.float64), magnitude, hits)
-            failure = None
-        except Exception as exc:  # noqa: BLE001 -- the reader searches it again, where it is raised and said
-            found, failure = None, f"{type(exc).__name__}: {exc}"
+        except Exception:  # noqa: BLE001 -- the reader searches it again, where it is raised and said
+            found = None
         try:
-            conn.send((index, found, failure))
+            conn.send((index, found))
         except (OSError, ValueError):
             return
 
@@ -193,6 +186,7 @@ class Search:
         self.found: dict[int, list[tuple[int, float, float]]] = {}
         self.tasks: dict[int, tuple[float, dict[str, list[int]]]] = {}  # (smallest change, memo hits)
         self.digests: dict[int, str] = {}  # each long series' ``series_digest``: its answer kept
+        self.arrays: dict[int, np.ndarray] = {}  # each long series' values, made once
         self.pending: list[int] = []  # for whoever is free first
         self.mine: list[int] = []  # a retired worker's: the reader searches them
         self.heavy = 0
@@ -217,12 +211,11 @@ class Search:
     def submit(self, read: history.CaseRead) -> None:
         index = len(self.reads)
         self.reads.append(read)
-        magnitude = history.min_magnitude_for(
-            read.hardware_key, read.case_id, self.settings, history.device_of(read.recent)
-        )
+        magnitude = history.case_magnitude(read, self.settings)
         values = history.columns_of(read.nights)[1]
         if len(values) >= HEAVY_NIGHTS:  # a long series viewed before, unchanged: its answer
-            digest = self.digests[index] = series_digest(values, magnitude)
+            self.arrays[index] = np.asarray(values, dtype=np.float64)
+            digest = self.digests[index] = series_digest(self.arrays[index], magnitude)
             kept = self.memo.steps(digest, len(values))
             if kept is not None:
                 self.found[index] = kept
@@ -252,17 +245,9 @@ class Search:
                 self._pump(0.05)
         self.close()
         out = []
-        for index, read in sorted(enumerate(self.reads), key=lambda kv: (kv[1].hardware_key, kv[1].case_id)):
-            nights = read.nights
-            points = [
-                history.ChangePoint(at, change, p, nights[at - 1], nights[at])
-                for at, change, p in self.found[index]
-            ]
-            out.append(
-                history.CaseSeries(
-                    read.hardware_key, read.case_id, read.recent, nights, points, read.runs, read.runners
-                )
-            )
+        for i, read in sorted(enumerate(self.reads), key=lambda kv: (kv[1].hardware_key, kv[1].case_id)):
+            points = [history.ChangePoint(*step) for step in self.found[i]]
+            out.append(history.case_series(read, history.with_nights(read.nights, points)))
         return out
 
     def _here(self, index: int) -> None:
@@ -297,12 +282,14 @@ class Search:
         busy = [w.conn for w in self.workers if w.held]
         ready = set(wait(busy, timeout=wait_s)) if wait_s and busy else set()
         for worker in list(self.workers):
+            gone = False
             while worker.held and (worker.conn in ready or worker.conn.poll(0)):
                 ready.discard(worker.conn)
                 try:
-                    index, found, _failure = worker.conn.recv()
+                    index, found = worker.conn.recv()
                 except (EOFError, OSError):
-                    break  # dead: retired below
+                    gone = True  # its end closed: dead, whatever its process says yet
+                    break
                 if worker.held.pop(index, None) is None:
                     continue
                 if found is None:
@@ -311,7 +298,7 @@ class Search:
                     self._apply(index, found)
             now = time.monotonic()
             stuck = any(now - sent > TASK_DEADLINE_S for sent in worker.held.values())
-            if worker.held and (stuck or not worker.proc.is_alive()):  # its results drained above
+            if worker.held and (gone or stuck or not worker.proc.is_alive()):  # results drained above
                 self._retire(worker)
         for worker in list(self.workers):
             while self.pending and len(worker.held) < DEPTH:
@@ -330,10 +317,10 @@ class Search:
         if self.directory is None:
             self.directory = tempfile.mkdtemp(prefix="scaleguard-history-search-")
         magnitude, hits = self.tasks[index]
-        values = np.asarray(history.columns_of(self.reads[index].nights)[1], dtype=np.float64)
         path = os.path.join(self.directory, f"case{index}.pickle")
+        task = (self.arrays[index].tobytes(), magnitude, hits)
         with open(path, "wb") as handle:
-            pickle.dump((values.tobytes(), magnitude, hits), handle, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(task, handle, protocol=pickle.HIGHEST_PROTOCOL)
         return path
 
     def _retire(self, worker: _Worker) -> None:

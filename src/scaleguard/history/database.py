@@ -815,11 +815,8 @@ def _first_refused(columns: Sequence[Sequence[Any]]) -> int:
     """The place of the first run of a case's series (``SERIES_COLUMNS``, as columns) whose
     value a column check refuses: the one run of a failed check worth reading again whole."""
     for i, (session, recorded_at, median, *texts) in enumerate(zip(*columns, strict=True)):
-        if not all(isinstance(v, str) and len(v) <= _TEXT_MAX for v in (session, recorded_at)):
-            return i
-        if not _steps_fit([median]):
-            return i
-        if not all(v is None or (isinstance(v, str) and len(v) <= _TEXT_MAX) for v in texts):
+        fits = _texts_fit([session, recorded_at], False) and _steps_fit([median]) and _texts_fit(texts, True)
+        if not fits:
             return i
     return 0
 
@@ -839,7 +836,9 @@ def _numbers_fit(
     return bool(np.isfinite(values).all() and (values >= low).all() and (values <= high).all())
 
 
-def _checked_rows(where: str, raws: Sequence[Sequence[Any]], fix: str = _REBUILD) -> list[HistoryRow]:
+def _checked_rows(
+    where: str, raws: Sequence[Sequence[Any]], fix: str = "rebuild the file with `scaleguard history import`"
+) -> list[HistoryRow]:
     """``_checked_row`` of many rows (``VIEWED``'s fields): a view reads a year of each case's
     runs whole (18,250 rows for 50 cases; 0.33 s row by row on the 2-core VM), so the rules run
     column by column, and a table any of them refuses (or whose advisory fields a row would
@@ -948,11 +947,15 @@ class ChangePoint:
     after: Night | None = None
 
 
+CHANGE_MAX_P = 0.001  # a change point's p-value bound, in every view's search
+CHANGE_MIN_SIZE = 3  # nights a level needs on each side
+
+
 def change_points(
     values: Sequence[float] | np.ndarray,
-    max_pvalue: float = 0.001,
+    max_pvalue: float = CHANGE_MAX_P,
     min_magnitude: float = 0.02,
-    min_size: int = 3,
+    min_size: int = CHANGE_MIN_SIZE,
     memo: Memo | None = None,
 ) -> list[ChangePoint]:
     """Where the level of ``values`` (positive: step times) changed, in order
@@ -982,7 +985,11 @@ def device_of(rows: Sequence[HistoryRow]) -> str | None:
 
 def case_change_points(nights: Sequence[Night], **kw: Any) -> list[ChangePoint]:
     """Change points of a case's nightly series, with the nights either side."""
-    points = change_points(columns_of(nights)[1], **kw)
+    return with_nights(nights, change_points(columns_of(nights)[1], **kw))
+
+
+def with_nights(nights: Sequence[Night], points: Sequence[ChangePoint]) -> list[ChangePoint]:
+    """``points`` of a case's series with the nights either side of each."""
     return [ChangePoint(c.index, c.change, c.p_value, nights[c.index - 1], nights[c.index]) for c in points]
 
 
@@ -1027,14 +1034,22 @@ def analyse(
     )
     out = []
     for read in sorted(reads, key=lambda r: (r.hardware_key, r.case_id)):
-        magnitude = min_magnitude_for(read.hardware_key, read.case_id, settings, device_of(read.recent))
-        points = case_change_points(read.nights, min_magnitude=magnitude, memo=memo)
-        out.append(
-            CaseSeries(
-                read.hardware_key, read.case_id, read.recent, read.nights, points, read.runs, read.runners
-            )
-        )
+        magnitude = case_magnitude(read, settings)
+        out.append(case_series(read, case_change_points(read.nights, min_magnitude=magnitude, memo=memo)))
     return out
+
+
+def case_magnitude(read: CaseRead, settings: ThresholdSettings | None) -> float:
+    """A case's smallest change of level worth a change point (``min_magnitude_for``, by the
+    device its latest runs recorded): one rule for every search of a view."""
+    return min_magnitude_for(read.hardware_key, read.case_id, settings, device_of(read.recent))
+
+
+def case_series(read: CaseRead, points: list[ChangePoint]) -> CaseSeries:
+    """A case's read with its change points: what the terminal and the page show."""
+    return CaseSeries(
+        read.hardware_key, read.case_id, read.recent, read.nights, points, read.runs, read.runners
+    )
 
 
 @dataclass(frozen=True)
