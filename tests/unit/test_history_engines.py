@@ -6,6 +6,7 @@ its password) are in ``test_history_server.py``."""
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import threading
@@ -232,6 +233,16 @@ def test_a_view_reads_every_night_from_the_index_and_the_last_nights_whole(
     assert cli_main(["history", "--history", history_target]) == 2
     err = capsys.readouterr().err
     assert "has a median step of the wrong type or size" in err and "night001" in err
+    # the collector, held off while a view reads, is back after a refusal too; a caller's own
+    # pause is left to that caller
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(history.HistoryError), opened(history_target, readonly=True) as db:
+            db.view()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # years of nights: the whole blocks' change-point candidates kept in the history itself -----------

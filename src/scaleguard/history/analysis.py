@@ -108,6 +108,8 @@ def _serve(conn: Connection) -> None:
     import pickle
     import signal
 
+    from scipy.special import stdtr  # noqa: F401 -- the search's, imported while the reader reads
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle: it stops us
     try:  # die with the reader: a reader killed outright leaves no worker
         import ctypes
