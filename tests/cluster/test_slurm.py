@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,7 +92,9 @@ def test_a_two_node_session_is_recorded_judged_and_catches_a_slowdown_on_one_nod
         timeout=400,
     )
     judged.assert_outcomes(passed=2)
-    assert "REGRESSED" not in judged.stdout.str()
+    # no case ends REGRESSED; a first run that read so (then cleared by its confirm runs: a CI
+    # run's ws2 did) is the progress line "REGRESSED so far; 2 confirm runs", not a verdict
+    assert not re.search(r"REGRESSED(?! so far)", judged.stdout.str()), judged.stdout.str()
     (saved,) = bench.glob("*/*_cluster.json")
     params = sorted(b["param"] for b in json.loads(saved.read_text())["benchmarks"])
     assert params == ["transformer_tiny-ddp-ws1-fp32-strong", "transformer_tiny-ddp-ws2-fp32-strong"]
