@@ -320,6 +320,25 @@ def test_a_history_keeps_whole_blocks_for_every_viewer_and_a_reader_or_a_forged_
     assert view("fresh") == first and searched == []  # its own memo holds that one
     if reader != history_target:
         assert view("reader2", reader) == first and len(searched) == 1  # a reader finds them too
+        # a role that may not read the blocks at all: its view searches them, and each refusal,
+        # inside the view's pipeline of series (the next case's already asked for), aborts
+        # nothing else. A second case, a copy of the first, keeps a series in that pipeline
+        columns = (
+            ", ".join(history._COLUMNS)
+            .replace("run_id", "run_id || 'b'")
+            .replace("case_id", "replace(case_id, 'm-', 'n-')")
+        )
+        with opened(history_target) as db, db._db.transaction():  # type: ignore[attr-defined]
+            db._db.execute(f"INSERT INTO runs SELECT {columns} FROM runs")  # type: ignore[attr-defined]
+            db._db.execute("REVOKE SELECT ON changepoint_blocks FROM sg_reader")  # type: ignore[attr-defined]
+        assert (
+            cli_main(["history", "--history", reader, "--last", "1", "--spool-dir", str(tmp_path / "r3")])
+            == 0
+        )
+        out = capsys.readouterr().out
+        assert out.count("[night01500]: +15.0%") == 2, out  # (searched by the workers: two long cases)
+        with opened(history_target) as db, db._db.transaction():  # type: ignore[attr-defined]
+            db._db.execute("DELETE FROM runs WHERE case_id LIKE 'n-%'")  # type: ignore[attr-defined]
 
     # a forged entry (no writer of ours made it): searched again, the answer unchanged, overwritten
     with opened(history_target) as db:

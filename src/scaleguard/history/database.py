@@ -197,6 +197,7 @@ _SQLITE_VIEWED_RECENT = VIEWED.format(
 )
 RECENT_NIGHTS = 365  # nights a view reads run by run (the page's markers and efficiency): a year
 MAX_VIEW_RUNS = 2_000_000  # 10,000 nights x 50 cases x 4 runs; memory measured in docs/measured.md
+_ROW_FIX = "rebuild the file with `scaleguard history import`"  # both row rules, by default
 _REBUILD = "move it aside (it is rebuilt with `scaleguard history import` from the saved runs)"
 
 
@@ -646,9 +647,7 @@ def matches(text: str, pattern: str) -> bool:
 _TEXT_MAX = 400  # a torch version, a git sha, a session id: far shorter in any real history
 
 
-def _checked_row(
-    path: str, raw: Sequence[Any], fix: str = "rebuild the file with `scaleguard history import`"
-) -> HistoryRow:
+def _checked_row(path: str, raw: Sequence[Any], fix: str = _ROW_FIX) -> HistoryRow:
     """One stored run, every field of the type the page and the statistics need."""
     row = HistoryRow(*raw)
     if row.device is not None and row.device not in ("cpu", "cuda"):
@@ -837,9 +836,7 @@ def _numbers_fit(
     return bool(np.isfinite(values).all() and (values >= low).all() and (values <= high).all())
 
 
-def _checked_rows(
-    where: str, raws: Sequence[Sequence[Any]], fix: str = "rebuild the file with `scaleguard history import`"
-) -> list[HistoryRow]:
+def _checked_rows(where: str, raws: Sequence[Sequence[Any]], fix: str = _ROW_FIX) -> list[HistoryRow]:
     """``_checked_row`` of many rows (``VIEWED``'s fields): a view reads a year of each case's
     runs whole (18,250 rows for 50 cases; 0.33 s row by row on the 2-core VM), so the rules run
     column by column, and a table any of them refuses (or whose advisory fields a row would

@@ -104,6 +104,7 @@ class ServerHistory:
         self.where = str(dsn)
         self.readonly = readonly
         self.notes: list[str] = []
+        self._schema = 0  # the schema version, as ``_check_schema`` found it
         psycopg = _driver()
         self._errors = psycopg.Error
         self._operational = psycopg.OperationalError
@@ -168,6 +169,9 @@ class ServerHistory:
 
     def _check_schema(self) -> None:
         version = self._version()
+        # kept for the blocks' calls, once a case in a view: a schema only ever rises under
+        # us (another session migrating), and an old figure costs a cache's use, never a value
+        self._schema = version
         if version > SCHEMA:
             raise HistoryError(
                 f"history {self.where}: schema {version}, newer than this scaleguard's {SCHEMA}: "
@@ -247,14 +251,17 @@ class ServerHistory:
         wanted = [d for d in digests if isinstance(d, str) and BLOCK_DIGEST.fullmatch(d)]
         if not wanted:
             return {}
+        if self._schema < 5:
+            return {}
         try:
-            if self._version() < 5:
-                return {}
-            rows = self._db.execute(
-                "SELECT digest, found FROM changepoint_blocks WHERE digest = ANY(%s) "
-                f"AND length(found) <= {MAX_BLOCK_ENTRY}",
-                [wanted],
-            ).fetchall()
+            # its own sync point inside a view's pipeline: a refusal here (a role that may not
+            # read the blocks) ends here, and the view's next series is not aborted with it
+            with self._db.pipeline():
+                rows = self._db.execute(
+                    "SELECT digest, found FROM changepoint_blocks WHERE digest = ANY(%s) "
+                    f"AND length(found) <= {MAX_BLOCK_ENTRY}",
+                    [wanted],
+                ).fetchall()
         except self._errors:
             return {}
         return dict(rows)
@@ -265,9 +272,9 @@ class ServerHistory:
         history older than schema 5 (never migrated by a view)."""
         if not entries:
             return True
+        if self._schema < 5:
+            return False
         try:
-            if self._version() < 5:
-                return False
             with self._db.transaction(), self._db.cursor() as cur:
                 cur.execute(f"SET LOCAL lock_timeout = {int(BLOCK_WRITE_S * 1000)}")  # our int
                 cur.executemany(REMEMBER_BLOCKS, list(entries))
