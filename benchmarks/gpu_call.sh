@@ -11,6 +11,7 @@
 #   gputests tests/gpu alone
 #   verify  tests/gpu, then the main command (a session with one call)
 #   verifyslow tests/gpu, then slow as time allows
+#   fresh / testslow / slowrec  the H200's calls of 2026-12-07 (fifth stop): see each plan
 set -u
 h200=$1; h100=$2; out=$3
 . "$(dirname "$0")/h200_common.sh"  # the environment, stamp, gpu_tests; $out/machine.txt
@@ -18,7 +19,7 @@ name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) plan=$h200 ;; *) plan=$h100 ;; esac
 echo "GPU: $name -> plan $plan" | tee "$out/plan.txt"
 t0=$(date +%s)
-left() { echo $(( 570 - ($(date +%s) - t0) )); }
+left() { echo $(( ${CALL_S:-570} - ($(date +%s) - t0) )); }
 step() {  # step NEED_S LIMIT_S ... : run the rest with LIMIT when NEED_S still fits
   local need=$1; shift
   if [ "$(left)" -lt "$need" ]; then echo "SKIPPED (only $(left) s left): $*" | tee -a "$out/plan.txt"; return; fi
@@ -39,6 +40,15 @@ case $plan in
     step 100 env SLOW_LIMIT=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh resolve "$out/slow" "slow,pct=1.5" ;;
   gputests)
     step 240 gpu_tests 300 ;;
+  fresh)  # a fresh H200: the main command first (item 5), then the CIFAR and loader cases' second machine
+    step 200 env LIMIT=310 bash benchmarks/gpu_evidence.sh judge "$out/judge"
+    step 90 env LIMIT1=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh record "$out/rec-cifar" "cifar or loader" 1 ;;
+  testslow)  # tests/gpu, then +1.5 % against BASE (the baseline as the session began) on SEL
+    step 240 gpu_tests 300
+    step 100 env SLOW_LIMIT=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh resolve "$out/slow" "slow,pct=1.5" ;;
+  slowrec)  # +1.5 % on SEL against BASE, then the decoders re-recorded with GPU busy time
+    step 100 env SLOW_LIMIT=$(( $(left) - 180 )) bash benchmarks/gpu_evidence.sh resolve "$out/slow" "slow,pct=1.5"
+    step 120 env STRIP=1 LIMIT1=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh record "$out/rec-dec" "transformer or gpt2" 2 ;;
   verify)  # one call only: the current code's tests/gpu, then the README's main command judged
     step 240 gpu_tests 300
     step 200 env LIMIT=$(( $(left) - 5 )) bash benchmarks/gpu_evidence.sh judge "$out/judge" ;;
