@@ -248,8 +248,9 @@ def test_a_view_reads_every_night_from_the_index_and_the_last_nights_whole(
 # years of nights: the whole blocks' change-point candidates kept in the history itself -----------
 
 
-def _fill_long(target: str, values: list[float]) -> None:
-    """One case of ``len(values)`` nights, one run a night (a real run's row, varied per night)."""
+def _fill_long(target: str, values: list[float], first: int = 0) -> None:
+    """One case of ``len(values)`` nights from night ``first``, one run a night (a real run's
+    row, varied per night)."""
     import datetime
 
     (row, _) = history.appendable(
@@ -259,7 +260,7 @@ def _fill_long(target: str, values: list[float]) -> None:
     at = {name: cols.index(name) for name in ("run_id", "session", "recorded_at", "median_s")}
     start = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
     rows = []
-    for n, value in enumerate(values):
+    for n, value in enumerate(values, start=first):
         fields = list(row)
         fields[at["run_id"]], fields[at["session"]] = f"run{n:05d}", f"night{n:05d}"
         fields[at["recorded_at"]] = (start + datetime.timedelta(hours=n)).isoformat()
@@ -267,6 +268,16 @@ def _fill_long(target: str, values: list[float]) -> None:
         rows.append(tuple(fields))
     with opened(target) as db:
         db.append_rows(rows)
+
+
+def _forget_memo(target: str) -> None:
+    """The history's change-point memo emptied (whole blocks and the series' answers)."""
+    with opened(target) as db:
+        if target.endswith(".sqlite"):
+            db._db.execute("DELETE FROM changepoint_blocks")  # type: ignore[attr-defined]
+        else:
+            with db._db.transaction():  # type: ignore[attr-defined]
+                db._db.execute("DELETE FROM changepoint_blocks")  # type: ignore[attr-defined]
 
 
 def _blocks_held(target: str) -> dict[str, str]:
@@ -315,11 +326,19 @@ def test_a_history_keeps_whole_blocks_for_every_viewer_and_a_reader_or_a_forged_
         first = view("reader", reader)
         assert len(searched) == 6 and _blocks_held(history_target) == {}  # every block searched, nothing kept
     first = view("first")  # the first view by a writer's role: every block searched, the whole ones kept
-    assert sorted(_blocks_held(history_target)) == sorted(whole)
-    assert view("fresh") == first and len(searched) == 1  # a fresh runner: only the growing block searched
-    assert view("fresh") == first and searched == []  # its own memo holds that one
+    held = _blocks_held(history_target)
+    (place,) = set(held) - set(whole)  # and the series' answer, at the case's one place
+    assert sorted(held) == sorted([*whole, place])
+    assert view("fresh") == first and searched == []  # a fresh runner: the history's answer
     if reader != history_target:
-        assert view("reader2", reader) == first and len(searched) == 1  # a reader finds them too
+        assert view("reader2", reader) == first and searched == []  # a reader finds it too
+    # one more night: the answer held names the series before it, so a fresh runner searches the
+    # growing block again, and its answer takes the case's place for the next one
+    _fill_long(history_target, [values[-1]], first=len(values))
+    after = view("night")
+    assert len(searched) == 1 and set(_blocks_held(history_target)) == set(held)
+    assert view("night2") == after and searched == []
+    if reader != history_target:
         # a role that may not read the blocks at all: its view searches them, and each refusal,
         # inside the view's pipeline of series (the next case's already asked for), aborts
         # nothing else. A second case, a copy of the first, keeps a series in that pipeline
@@ -348,8 +367,8 @@ def test_a_history_keeps_whole_blocks_for_every_viewer_and_a_reader_or_a_forged_
         else:
             with db._db.transaction():  # type: ignore[attr-defined]
                 db._db.execute(sql)  # type: ignore[attr-defined]
-    assert view("forged") == first and len(searched) == 6
-    assert view("forged2") == first and len(searched) == 1  # mended by that writer's view
+    assert view("forged") == after and len(searched) == 6  # the answer's entry forged too
+    assert view("forged2") == after and searched == []  # mended by that writer's view
 
 
 def test_an_import_searches_long_series_ahead_for_every_viewer(
@@ -368,7 +387,7 @@ def test_an_import_searches_long_series_ahead_for_every_viewer(
     real = cp._candidates
     monkeypatch.setattr(cp, "_candidates", lambda x, m: searched.append(x.size) or real(x, m))
     assert cli_main(["history", "--history", history_target, "--spool-dir", str(tmp_path / "viewer")]) == 0
-    assert "+20.0%" in capsys.readouterr().out and len(searched) == 1  # the growing block alone
+    assert "+20.0%" in capsys.readouterr().out and searched == []  # its answer, kept by the import
 
 
 # the change points searched beside the reading (scaleguard.history.analysis) --------------------
@@ -461,6 +480,7 @@ def test_change_points_searched_beside_the_reading_are_the_same_with_any_workers
     monkeypatch.setattr(analysis.Search, "_start", start)
     for workers in counts:
         started.clear()
+        _forget_memo(history_target)  # each view searches: the last one's answers are not given
         with opened(history_target, readonly=True) as db:
             series, notes = viewed(db, None, tmp_path / f"memo{workers}", workers=workers)
         assert shape(series) == shape(expected), workers
@@ -515,6 +535,8 @@ def test_a_view_that_changes_nothing_takes_each_long_series_answer_from_the_memo
         forged = "UPDATE blocks SET found = '[[99999, 0.5, 0.0]]' WHERE digest LIKE ?"
         memo_file.execute(forged, (SERIES_PREFIX + "%",))
     memo_file.close()
+    assert view() == first and searched == []  # the history's answers, where the file's are refused
+    _forget_memo(history_target)  # the runner's file alone
     assert view() == first and len(searched) == 3
     assert view() == first and searched == []
     # one more night in one case: that case alone searched again

@@ -23,6 +23,7 @@ for its answer.
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import time
@@ -47,9 +48,13 @@ class ViewMemo(Protocol):
 
     def put(self, digest: str, found: list[int]) -> None: ...
 
-    def steps(self, digest: str, nights: int) -> list[tuple[int, float, float]] | None: ...
+    def steps(
+        self, digest: str, nights: int, store: Store | None = None, place: str | None = None
+    ) -> list[tuple[int, float, float]] | None: ...
 
-    def put_steps(self, digest: str, steps: Sequence[tuple[int, float, float]]) -> None: ...
+    def put_steps(
+        self, digest: str, steps: Sequence[tuple[int, float, float]], place: str | None = None
+    ) -> None: ...
 
 
 HEAVY_NIGHTS = 1024  # a series this long is worth a worker (its search ~30 ms on the 2-core VM)
@@ -61,12 +66,9 @@ START_AT = 2  # long series read before workers are started (one long case: sear
 Found = tuple[list[tuple[int, float, float]], dict[str, list[int]]]  # (steps, blocks searched)
 
 
-def series_digest(values: np.ndarray, min_magnitude: float) -> str:
-    """What a series' change points depend on: its values, its smallest change and the search
-    (its settings, its tunables and ``changepoints.ANSWER_VERSION``): a view that changes
-    nothing (no night since the last one) takes every long case's answer from the memo."""
-    import hashlib
-
+def _search_head(min_magnitude: float) -> bytes:
+    """Every setting and tunable a series' answer depends on besides its values (with
+    ``changepoints.ANSWER_VERSION``)."""
     from scaleguard.history import changepoints as cp
 
     tunables = (
@@ -74,8 +76,23 @@ def series_digest(values: np.ndarray, min_magnitude: float) -> str:
         cp.SEARCH_EXPONENT, cp.REFINE_NIGHTS, cp.OUTLIER_MADS, cp.COARSE_BLOCKS, history.CHANGE_MAX_P,
         history.CHANGE_MIN_SIZE, min_magnitude,
     )  # fmt: skip
-    head = "|".join(map(repr, tunables)).encode()
-    return hashlib.sha256(head + values.tobytes()).hexdigest()
+    return "|".join(map(repr, tunables)).encode()
+
+
+def series_digest(values: np.ndarray, min_magnitude: float) -> str:
+    """What a series' change points depend on: its values, its smallest change and the search
+    (its settings, its tunables and ``changepoints.ANSWER_VERSION``): a view that changes
+    nothing (no night since the last one) takes every long case's answer from the memo."""
+    return hashlib.sha256(_search_head(min_magnitude) + values.tobytes()).hexdigest()
+
+
+def series_place(hardware_key: str, case_id: str, min_magnitude: float, scope: str = "") -> str:
+    """Where the history keeps a case's latest answer for every viewer (``memo``): one place a
+    case, setting and view's narrowing (``scope``: its runner and project), the answer's
+    ``series_digest`` inside the entry, so the history holds one answer a case, never one a
+    night, and a runner narrowed view does not take the whole fleet's place."""
+    text = "|".join(("series", hardware_key, case_id, scope)).encode()
+    return hashlib.sha256(_search_head(min_magnitude) + b"|" + text).hexdigest()
 
 
 def search(values: Sequence[float] | np.ndarray, min_magnitude: float, hits: dict[str, list[int]]) -> Found:
@@ -178,8 +195,10 @@ class Search:
         memo: ViewMemo,
         settings: ThresholdSettings | None,
         workers: int | None = None,
+        scope: str = "",
     ) -> None:
         self.store = store
+        self.scope = scope  # the view's narrowing (runner, project): part of each answer's place
         self.memo = memo
         self.settings = settings
         self.workers_wanted = worker_count() if workers is None else workers
@@ -188,6 +207,7 @@ class Search:
         self.found: dict[int, list[tuple[int, float, float]]] = {}
         self.tasks: dict[int, tuple[float, dict[str, list[int]]]] = {}  # (smallest change, memo hits)
         self.digests: dict[int, str] = {}  # each long series' ``series_digest``: its answer kept
+        self.places: dict[int, str] = {}  # each long series' ``series_place`` in the history
         self.arrays: dict[int, np.ndarray] = {}  # each long series' values, made once
         self.pending: list[int] = []  # for whoever is free first
         self.mine: list[int] = []  # a retired worker's: the reader searches them
@@ -218,7 +238,8 @@ class Search:
         if len(values) >= HEAVY_NIGHTS:  # a long series viewed before, unchanged: its answer
             self.arrays[index] = np.asarray(values, dtype=np.float64)
             digest = self.digests[index] = series_digest(self.arrays[index], magnitude)
-            kept = self.memo.steps(digest, len(values))
+            place = self.places[index] = series_place(read.hardware_key, read.case_id, magnitude, self.scope)
+            kept = self.memo.steps(digest, len(values), self.store, place)
             if kept is not None:
                 self.found[index] = kept
                 return
@@ -262,7 +283,7 @@ class Search:
         for digest, candidates in new.items():
             self.memo.put(digest, candidates)
         if index in self.digests:
-            self.memo.put_steps(self.digests[index], steps)
+            self.memo.put_steps(self.digests[index], steps, self.places[index])
 
     def _start(self) -> None:
         from scaleguard.machine.processes import spawning_without_main

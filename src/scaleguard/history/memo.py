@@ -4,7 +4,12 @@ the series has grown past them) in the history itself (table ``changepoint_block
 where every viewer of the fleet's history finds them: a first view of a history moved in, or from
 a fresh runner, searched 1,000 blocks for 10,000 nights x 50 cases (8.4 s on the 2-core VM). The
 rest (each series' last, growing block) and everything a reader's role may not give the history,
-in a small SQLite file of the runner's own (``.scaleguard/`` beside the spool).
+in a small SQLite file of the runner's own (``.scaleguard/`` beside the spool). Each long
+series' whole answer (its change points) in both: the runner's file by the series' digest, the
+history at one place a case (``analysis.series_place``) holding the latest answer with the
+digest of the series it answers, so an ephemeral runner, whose file is always empty, views what
+another viewer has searched since the last night at the speed of a runner that viewed it itself
+(a fresh runner's view of 10,000 nights x 50 cases merged every case again: 0.8 s of search).
 
 Content-addressed: an entry's key is the digest of the block's values and of every setting its
 candidates depend on, so the memo can only save work, never change an answer; one memo serves
@@ -59,6 +64,9 @@ class ChangePointMemo:
         self._local: dict[str, list[int]] = {}  # entries the runner's file gave
         self._asked = 0  # whole blocks asked of the history in this view
         self._new_steps: dict[str, list[list[float]]] = {}  # whole series' answers (``steps``)
+        self._shared_places: dict[str, str | None] = {}  # place -> the series the history answers there
+        self._new_places: dict[str, str] = {}  # place -> the entry this view would give it
+        self._answered: dict[str, str] = {}  # place -> the series this view searched for it
 
     def _open(self) -> sqlite3.Connection | None:
         """The file, opened on first use: a view of short series never makes one."""
@@ -116,11 +124,17 @@ class ChangePointMemo:
         does not hold as they are (missing, or an entry that did not fit its block and was
         searched again): (digest, JSON) for ``Store.remember_blocks``."""
         known = {**self._local, **self._new}
-        return [
+        blocks = [
             (d, json.dumps(known[d]))
             for d in sorted(self._whole & known.keys())
             if self._shared.get(d) != known[d]
         ]
+        answers = [
+            (place, entry)
+            for place, entry in sorted(self._new_places.items())
+            if self._shared_places.get(place) != self._answered[place] and len(entry) <= MAX_ENTRY
+        ]
+        return blocks + answers
 
     def get(self, digest: str) -> list[int] | None:
         if digest in self._new:
@@ -146,11 +160,25 @@ class ChangePointMemo:
         self._new[digest] = list(found)
         self._open()  # kept here too: a whole block the history may not be given (a reader's role)
 
-    def steps(self, digest: str, nights: int) -> list[tuple[int, float, float]] | None:
+    def steps(
+        self, digest: str, nights: int, store: Store | None = None, place: str | None = None
+    ) -> list[tuple[int, float, float]] | None:
         """A whole series' answer (``analysis.series_digest``: its values and every setting
         the answer depends on), as a view that searched the same series found it: (index,
-        change, p) of each step; None when the runner's file has none that a writer of ours
+        change, p) of each step. The runner's file first, then the history's ``place`` for the
+        case (``analysis.series_place``: the latest answer any viewer of the fleet gave it, which
+        serves only the series it names); None when neither holds one that a writer of ours
         could have made for ``nights`` nights (then the series is searched, and kept)."""
+        found = self._local_steps(digest, nights)
+        if found is None and store is not None and place is not None:
+            entry = _json_list(store.remembered_blocks([place]).get(place), MAX_ENTRY)
+            named = entry[0] if entry is not None and len(entry) == 2 else None
+            self._shared_places[place] = named if isinstance(named, str) else None
+            if entry is not None and named == digest:
+                found = _steps_of(entry[1], nights)
+        return found
+
+    def _local_steps(self, digest: str, nights: int) -> list[tuple[int, float, float]] | None:
         db = self._open()
         if db is None:
             return None
@@ -165,8 +193,15 @@ class ChangePointMemo:
             self._used.append(key)
         return found
 
-    def put_steps(self, digest: str, steps: Sequence[tuple[int, float, float]]) -> None:
+    def put_steps(
+        self, digest: str, steps: Sequence[tuple[int, float, float]], place: str | None = None
+    ) -> None:
+        """Keeps a searched series' answer in the runner's file, and for the history's ``place``
+        (given at ``to_share``, where the history does not already hold this very answer)."""
         self._new_steps[SERIES_PREFIX + digest] = [list(step) for step in steps]
+        if place is not None:
+            self._new_places[place] = json.dumps([digest, self._new_steps[SERIES_PREFIX + digest]])
+            self._answered[place] = digest
         self._open()
 
     def close(self) -> None:
@@ -216,8 +251,12 @@ def _json_list(text: object, limit: int) -> list[Any] | None:
 def _parsed_steps(text: object, nights: int) -> list[tuple[int, float, float]] | None:
     """A series' answer as our writers make it (a JSON list of [index, change, p], the indices
     increasing within the series), or None."""
-    found = _json_list(text, MAX_STEPS_ENTRY)
-    if found is None:
+    return _steps_of(_json_list(text, MAX_STEPS_ENTRY), nights)
+
+
+def _steps_of(found: object, nights: int) -> list[tuple[int, float, float]] | None:
+    """``_parsed_steps`` of an entry already read as JSON."""
+    if not isinstance(found, list):
         return None
     out: list[tuple[int, float, float]] = []
     for step in found:
@@ -259,10 +298,11 @@ def viewed(
     from scaleguard.history.analysis import Search
 
     memo = ChangePointMemo(directory)
+    scope = "" if runner is None and project is None else f"runner={runner}|project={project}"
     # the collector held off over the reading and the search: both make objects by the million
     # and no cycles, and every pass walks what was read (0.8 s of a view of 500,000 runs)
     try:
-        with history.collection_paused(), Search(store, memo, settings, workers) as search:
+        with history.collection_paused(), Search(store, memo, settings, workers, scope) as search:
             store.view(hardware_key, case_glob, runner, project, recent, each=search.submit)
             series = search.finish()
     finally:
