@@ -10,7 +10,9 @@ and ``scaleguard history --html`` over one case and over everything, each in a f
 (its peak RSS from ``resource``, and its largest search worker's, ``scaleguard.history.analysis``):
 all cases first (every block searched; the whole ones given to
 the history), then from a runner with an empty memo of its own, again, after one more night
-(each case's last block searched again), and the page. Prints a markdown table.
+appended as a session appends it (which then searches ahead, timed), after one more night
+appended with nobody searching ahead (the view searches each case's last block again), and the
+page. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tests.unit.test_history import nights  # noqa: E402
 from tools import local_postgres  # noqa: E402
 
 from scaleguard.history import database as history  # noqa: E402
+from scaleguard.history.memo import search_ahead  # noqa: E402
 from scaleguard.history.store import open_history  # noqa: E402
 from scaleguard.history.target import target_of  # noqa: E402
 
@@ -136,9 +139,10 @@ def main() -> int:
         print(
             f"| engine | append a night of {args.cases} runs | fill {args.nights} x {args.cases} | "
             "history, one case | history --html, one case | history, all: first view | "
-            "all: a fresh runner's first | all: again | all: one more night | history --html, all |"
+            "all: a fresh runner's first | all: again | a session's night: searched ahead | "
+            "all: after it | all: after a night nobody searched ahead | history --html, all |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, target in targets.items():
             appends = []
             for n in range(5):
@@ -175,14 +179,23 @@ def main() -> int:
                 ("first", [], 1),
                 ("fresh", [], 1),
                 ("fresh", [], 3),
-                ("fresh", "append", 0),
+                ("fresh", "session", 0),
+                ("fresh", [], 1),
+                ("fresh", "bare", 0),
                 ("fresh", [], 1),
                 ("fresh", ["--html", page], 3),
             )
+            ahead = ""
             for memo_name, extra, repeat in views:
-                if extra == "append":  # the next night: each case's last block is new
+                if extra in ("session", "bare"):  # the next night: each case's last block is new
+                    night = 10**6 + len(ahead)
                     with open_history(target_of(target)) as db:
-                        db.append_rows(night_rows(args.cases, 10**6))
+                        db.append_rows(night_rows(args.cases, night))
+                        if extra == "session":  # as a session does after its append (suite.py)
+                            t0 = time.perf_counter()
+                            long = search_ahead(db, None, work / f"memo-{name}-session", "cpu-bench-1t",
+                                                "m00-ddp-ws1-fp32-strong")  # fmt: skip
+                            ahead = f"{time.perf_counter() - t0:.2f} s ({long} series)"
                     continue
                 timed = [view(target, work / f"memo-{name}-{memo_name}", *extra) for _ in range(repeat)]
                 walls = sorted(t[0] for t in timed)
@@ -194,6 +207,7 @@ def main() -> int:
                     f"{span} s, {rss:.0f} MiB{worker}" + ("" if codes == {0} else f" (exit {codes})")
                 )
             appended = f"{min(appends) * 1e3:.0f}-{max(appends) * 1e3:.0f} ms (5 nights)"
+            cells.insert(5, ahead)
             print(f"| {name} | {appended} | {filled:.0f} s | " + " | ".join(cells) + " |", flush=True)
     finally:
         local_postgres.stop(work / "pg")

@@ -320,7 +320,30 @@ class Suite:
             return f"scaleguard: history not updated: {exc}"
         except Exception as exc:  # noqa: BLE001 - the history costs the history, never the results
             return f"scaleguard: history not updated ({type(exc).__name__}: {exc}); this is a scaleguard bug"
-        return f"scaleguard: {done.line}"
+        first = next((case.case_id for batch in batches for case in batch.cases), None)
+        ahead = self._search_ahead(target, key, first) if done.appended and first else ""
+        return f"scaleguard: {done.line}{ahead}"
+
+    def _search_ahead(self, target: HistoryTarget, key: str, case_id: str) -> str:
+        """The night's long series searched for the next viewer (``memo.search_ahead``): a cache
+        of the history's, so whatever stops it costs a line, never the night."""
+        import time
+
+        from scaleguard.history.database import HistoryError
+        from scaleguard.history.memo import search_ahead
+        from scaleguard.history.store import open_history
+
+        start = time.monotonic()
+        try:
+            with open_history(target) as db:
+                long = search_ahead(db, self.config.thresholds, self.rootpath / ".scaleguard", key, case_id)
+        except HistoryError as exc:
+            return f"; change points not searched ahead ({exc})"
+        except Exception as exc:  # noqa: BLE001 - a cache: never the night's results
+            return f"; change points not searched ahead ({type(exc).__name__}: {exc}; a scaleguard bug)"
+        if not long:
+            return ""
+        return f"; change points of {long} long series searched ahead ({time.monotonic() - start:.1f} s)"
 
     def close(self) -> None:
         """What the backend holds: the idle pool's ranks (also after Ctrl-C between cases) and
