@@ -12,13 +12,17 @@
 #   verify  tests/gpu, then the main command (a session with one call)
 #   verifyslow tests/gpu, then slow as time allows
 #   fresh / testslow / slowrec  the H200's calls of 2026-12-07 (fifth stop): see each plan
+# CALL_S (default 570): the plan's own deadline, counted from this script's start. Leave the
+# device call's timeout_s at least 40 s above it for whatever the command does after (a tar into
+# $OUT): a call of 2026-12-07 gave CALL_S=465 under timeout_s=490, ran past it in a step's
+# teardown, and its tar, and so every file, never came back.
 set -u
+t0=$(date +%s)
 h200=$1; h100=$2; out=$3
 . "$(dirname "$0")/h200_common.sh"  # the environment, stamp, gpu_tests; $out/machine.txt
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) plan=$h200 ;; *) plan=$h100 ;; esac
 echo "GPU: $name -> plan $plan" | tee "$out/plan.txt"
-t0=$(date +%s)
 left() { echo $(( ${CALL_S:-570} - ($(date +%s) - t0) )); }
 step() {  # step NEED_S LIMIT_S ... : run the rest with LIMIT when NEED_S still fits
   local need=$1; shift
