@@ -82,13 +82,21 @@ def test_a_two_node_session_is_recorded_judged_and_catches_a_slowdown_on_one_nod
     assert "nodes" not in ws1["config"]  # one node: a one-node record of the same case matches
 
     bench = tmp_path / "bench"
-    # unmodified: never REGRESSED. With confirm runs, as a night has them: a CI run met the VM
-    # at half its probe speed in the one run and its all-reduce 0.6 -> 3.8 ms (gloo over
-    # loopback is the first to feel a busy host); the suite's answer to that is another run
+    # unmodified: never REGRESSED. With confirm runs, as a night has them, and thresholds far
+    # above this VM's noise: the two "nodes" share its 2 cores, so a slower minute of the VM
+    # moves ws2 (gloo over loopback, two ranks on two cores) more than ws1. CI runs met the
+    # all-reduce 0.6 -> 3.8 ms at half the probe's speed, and (2026-12-07) ws2 +24 % and its
+    # efficiency 0.86 -> 0.64 over all 3 runs with the probe 24 % slow: an A/A that close to
+    # the default 10 % is a rate to measure, not a test's assertion. The slowdown below is
+    # judged at the defaults, far beyond them
     judged = suite.runpytest_subprocess(
         *cluster_args(suite.path, shared, "--benchmark-save=cluster", f"--benchmark-storage=file://{bench}"),
         "--perf-confirm",
         "2",
+        "--perf-threshold-step",
+        "0.6",
+        "--perf-threshold-efficiency",
+        "0.4",
         timeout=400,
     )
     judged.assert_outcomes(passed=2)
