@@ -400,17 +400,15 @@ def _warm_change_points(target: HistoryTarget, settings: ThresholdSettings, spoo
     so that no viewer's first view searches years of nights (a cache: a history too large for
     one view, or a role that may not write, leaves it cold with one line)."""
     from scaleguard.history import database as history
-    from scaleguard.history.changepoints import LONG_SERIES
-    from scaleguard.history.memo import viewed
+    from scaleguard.history.memo import search_ahead
     from scaleguard.history.store import open_history
 
     try:
         with open_history(target) as db:
-            series, _ = viewed(db, settings, spool_dir)
+            long = search_ahead(db, settings, spool_dir)
     except history.HistoryError as exc:
         print(inert(f"scaleguard history: change points not searched ahead ({exc})"), file=sys.stderr)
         return
-    long = sum(len(one.nights) > LONG_SERIES for one in series)
     if long:
         print(f"scaleguard history: change points of {long} long series searched ahead for every viewer")
 
